@@ -1,0 +1,87 @@
+"""Attention maps of a timm ViT, and how much mass sits on each head's impulse offset.
+
+Used by the tests to prove the structured init does what it claims, and by reports.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .models.vit import check_structured_vit, patch_grid
+
+
+@dataclass
+class AttentionMaps:
+    maps: torch.Tensor          # (L, H, N, N), averaged over images when images were given
+    grid: tuple[int, int]
+    offsets: list | None        # offsets[l][h] = (m, n), or None when unknown
+
+    def offset_mass(self) -> torch.Tensor:
+        """(L, H, 2*gh-1, 2*gw-1): mean mass a query puts on the key at offset (m, n).
+
+        Index [.., m + gh - 1, n + gw - 1]; averaged over queries whose shifted key is on
+        the grid, so every offset is compared on equal terms.
+        """
+        gh, gw = self.grid
+        i, j = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
+        i, j = i.flatten(), j.flatten()                        # (N,)
+        m = torch.arange(-gh + 1, gh)[:, None, None]           # (2gh-1, 1, 1)
+        n = torch.arange(-gw + 1, gw)[None, :, None]           # (1, 2gw-1, 1)
+        i2, j2 = i + m, j + n                                  # (2gh-1, 2gw-1, N)
+        inside = (i2 >= 0) & (i2 < gh) & (j2 >= 0) & (j2 < gw)
+        cols = (i2.clamp(0, gh - 1) * gw + j2.clamp(0, gw - 1))
+        rows = (i * gw + j).expand_as(cols)
+        picked = self.maps[..., rows, cols] * inside           # (L, H, 2gh-1, 2gw-1, N)
+        return picked.sum(-1) / inside.sum(-1)
+
+    def target_mass(self) -> torch.Tensor:
+        """(L, H): mass on each head's own offset (needs offsets)."""
+        if self.offsets is None:
+            raise ValueError("no offsets known for this model: pass offsets= to attention_maps")
+        gh, gw = self.grid
+        prof = self.offset_mass()
+        return torch.tensor([[prof[l, h, m + gh - 1, n + gw - 1].item()
+                              for h, (m, n) in enumerate(layer)]
+                             for l, layer in enumerate(self.offsets)])
+
+
+@torch.no_grad()
+def attention_maps(model, images: torch.Tensor | None = None, offsets=None) -> AttentionMaps:
+    """Per-layer, per-head N x N attention maps.
+
+    images=None: each block's attention on the pseudo-input, i.e. block.norm1 applied to the
+    model's position encoding (what the structured init was solved on). With images, the
+    maps each block computes in a real forward pass, averaged over the batch.
+    offsets defaults to those the impulse init recorded on the model.
+    """
+    check_structured_vit(model)
+    if offsets is None:
+        offsets = getattr(model, "impulse_offsets", None)
+    maps = []
+    if images is None:
+        pe = model.pos_embed                                   # (1, N, C)
+        for block in model.blocks:
+            maps.append(_block_attention(block.attn, block.norm1(pe))[0])
+    else:
+        inputs = []
+        hooks = [b.attn.register_forward_pre_hook(lambda m, a: inputs.append(a[0]))
+                 for b in model.blocks]
+        was_training = model.training
+        try:
+            model.eval()
+            model(images)
+        finally:
+            model.train(was_training)
+            for h in hooks:
+                h.remove()
+        maps = [_block_attention(b.attn, x).mean(0) for b, x in zip(model.blocks, inputs)]
+    return AttentionMaps(torch.stack(maps).float(), patch_grid(model), offsets)
+
+
+def _block_attention(attn, x: torch.Tensor) -> torch.Tensor:
+    """(B, H, N, N) softmax(q k^T * scale) of one timm Attention on its input x (B, N, C)."""
+    B, N, C = x.shape
+    qkv = attn.qkv(x).reshape(B, N, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+    q, k = attn.q_norm(qkv[0]), attn.k_norm(qkv[1])
+    return (q @ k.transpose(-2, -1) * attn.scale).softmax(-1)

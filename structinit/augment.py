@@ -1,0 +1,155 @@
+"""Batched, on-device data augmentation: RandAugment ("rand-m9-mstd0.5-inc1") + flips.
+
+Every image in a batch draws its own ops and magnitudes, as timm's per-image PIL policy
+does, but the whole batch is transformed at once on the training device with no host
+sync: each op is computed for the whole batch and kept where it was drawn (`torch.where`),
+which on small images is far cheaper than a per-image Python loop.
+
+Images are float tensors in [0, 255], (B, C, H, W). The op set and magnitude mapping follow
+timm's "increasing" RandAugment (inc1): magnitude m in [0, 10] drawn as N(m, mstd) per op.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+OPS = ("AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize", "SolarizeAdd",
+       "Color", "Contrast", "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateX",
+       "TranslateY")
+GEOMETRIC = ("Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY")
+
+
+@dataclass(frozen=True)
+class RandAugmentPolicy:
+    magnitude: float = 9.0
+    magnitude_std: float = 0.5
+    num_layers: int = 2
+    prob: float = 0.5
+    increasing: bool = True
+
+    @classmethod
+    def parse(cls, spec: str) -> "RandAugmentPolicy":
+        """timm's config string, e.g. "rand-m9-mstd0.5-inc1" (keys m, mstd, n, p, inc)."""
+        parts = spec.split("-")
+        if parts[0] != "rand":
+            raise ValueError(f"randaugment={spec!r}: must start with 'rand', e.g. 'rand-m9-mstd0.5-inc1'")
+        kw = {}
+        names = {"m": "magnitude", "mstd": "magnitude_std", "n": "num_layers", "p": "prob", "inc": "increasing"}
+        for part in parts[1:]:
+            match = re.fullmatch(r"([a-z]+)([\d.]+)", part)
+            if not match or match[1] not in names:
+                raise ValueError(f"randaugment={spec!r}: unknown part {part!r}; known keys: {list(names)}")
+            key, val = names[match[1]], float(match[2])
+            kw[key] = int(val) if key == "num_layers" else bool(val) if key == "increasing" else val
+        if not kw.get("increasing", False):
+            raise ValueError(f"randaugment={spec!r}: only the increasing op set (inc1) is implemented")
+        return cls(**kw)
+
+
+def _blend(img, other, factor):
+    return (other + (img - other) * factor).clamp(0, 255)
+
+
+def _gray(img):
+    if img.shape[1] == 1:
+        return img
+    w = torch.tensor([0.299, 0.587, 0.114], device=img.device, dtype=img.dtype).view(1, 3, 1, 1)
+    return (img * w).sum(1, keepdim=True)
+
+
+def _sharpen_source(img):
+    """PIL's SMOOTH filter, borders left untouched."""
+    c = img.shape[1]
+    k = torch.tensor([[1., 1., 1.], [1., 5., 1.], [1., 1., 1.]], device=img.device, dtype=img.dtype) / 13
+    smooth = F.conv2d(img, k.expand(c, 1, 3, 3), padding=1, groups=c)
+    out = img.clone()
+    out[..., 1:-1, 1:-1] = smooth[..., 1:-1, 1:-1]
+    return out
+
+
+def _autocontrast(img):
+    lo = img.amin(dim=(2, 3), keepdim=True)
+    hi = img.amax(dim=(2, 3), keepdim=True)
+    scale = torch.where(hi > lo, 255 / (hi - lo).clamp(min=1e-3), torch.ones_like(hi))
+    return torch.where(hi > lo, (img - lo) * scale, img).clamp(0, 255)
+
+
+def _equalize(img):
+    """PIL's per-channel histogram equalization, for a whole batch at once."""
+    b, c, h, w = img.shape
+    flat = img.round().clamp(0, 255).long().view(b * c, h * w)
+    hist = torch.zeros(b * c, 256, device=img.device).scatter_add_(1, flat, torch.ones_like(flat, dtype=torch.float))
+    # PIL: step = (pixels - count of the last non-empty bin) // 255
+    idx = torch.arange(256, device=img.device).expand_as(hist)
+    last = torch.where(hist > 0, idx, torch.zeros_like(idx)).amax(1, keepdim=True)
+    step = ((h * w - hist.gather(1, last)) // 255)
+    cum = torch.cumsum(hist, 1) - hist                      # pixels strictly below each bin
+    lut = ((cum + step // 2) // step.clamp(min=1)).clamp(0, 255)
+    lut = torch.where(step > 0, lut, idx.float())
+    return lut.gather(1, flat).view(b, c, h, w)
+
+
+def _affine(img, op, mag, sign, fill):
+    """One grid_sample for every geometric op of the batch (identity elsewhere)."""
+    b = img.shape[0]
+    theta = torch.zeros(b, 2, 3, device=img.device, dtype=img.dtype)
+    theta[:, 0, 0] = theta[:, 1, 1] = 1
+    ang = sign * mag / 10 * math.radians(30)
+    shear = sign * mag / 10 * 0.3
+    shift = sign * mag / 10 * 0.45 * 2                       # fraction of size, in [-1, 1] units
+    is_ = lambda name: op == OPS.index(name)  # noqa: E731
+    rot = is_("Rotate")
+    theta[:, 0, 0] = torch.where(rot, torch.cos(ang), theta[:, 0, 0])
+    theta[:, 0, 1] = torch.where(rot, -torch.sin(ang), torch.where(is_("ShearX"), shear, theta[:, 0, 1]))
+    theta[:, 1, 0] = torch.where(rot, torch.sin(ang), torch.where(is_("ShearY"), shear, theta[:, 1, 0]))
+    theta[:, 1, 1] = torch.where(rot, torch.cos(ang), theta[:, 1, 1])
+    theta[:, 0, 2] = torch.where(is_("TranslateX"), shift, theta[:, 0, 2])
+    theta[:, 1, 2] = torch.where(is_("TranslateY"), shift, theta[:, 1, 2])
+    grid = F.affine_grid(theta, list(img.shape), align_corners=False)
+    # Sample (img - fill) with zero padding, so out-of-image pixels come back as `fill`.
+    return F.grid_sample(img - fill, grid, mode="bilinear", padding_mode="zeros",
+                         align_corners=False) + fill
+
+
+def rand_augment(img: torch.Tensor, policy: RandAugmentPolicy, generator: torch.Generator,
+                 fill: torch.Tensor) -> torch.Tensor:
+    """img (B, C, H, W) float in [0, 255]; fill (1, C, 1, 1) for pixels moved in from outside."""
+    b, dev = img.shape[0], img.device
+    col = lambda t: t.view(b, 1, 1, 1)  # noqa: E731
+    for _ in range(policy.num_layers):
+        op = torch.randint(0, len(OPS), (b,), device=dev, generator=generator)
+        apply = torch.rand(b, device=dev, generator=generator) < policy.prob
+        mag = (policy.magnitude + policy.magnitude_std *
+               torch.randn(b, device=dev, generator=generator)).clamp(0, 10)
+        sign = torch.where(torch.rand(b, device=dev, generator=generator) < 0.5, -1.0, 1.0)
+        op = torch.where(apply, op, torch.full_like(op, -1))   # -1: this layer leaves the image
+        factor = col(1 + sign * mag / 10 * 0.9)
+        bits = col(4 - (mag / 10 * 4).floor())
+        candidates = {
+            "AutoContrast": lambda: _autocontrast(img),
+            "Equalize": lambda: _equalize(img),
+            "Invert": lambda: 255 - img,
+            "Posterize": lambda: (img / 2 ** (8 - bits)).floor() * 2 ** (8 - bits),
+            "Solarize": lambda: torch.where(img >= col(256 - (mag / 10 * 256).floor()), 255 - img, img),
+            "SolarizeAdd": lambda: torch.where(img < 128, (img + col((mag / 10 * 110).floor())).clamp(max=255), img),
+            "Color": lambda: _blend(img, _gray(img), factor),
+            "Contrast": lambda: _blend(img, _gray(img).mean(dim=(1, 2, 3), keepdim=True), factor),
+            "Brightness": lambda: _blend(img, torch.zeros_like(img), factor),
+            "Sharpness": lambda: _blend(img, _sharpen_source(img), factor),
+        }
+        out = img
+        for name, fn in candidates.items():
+            out = torch.where(col(op == OPS.index(name)), fn(), out)
+        geometric = sum(op == OPS.index(n) for n in GEOMETRIC).bool()
+        out = torch.where(col(geometric), _affine(img, op, mag, sign, fill), out)
+        img = out
+    return img
+
+
+def random_hflip(img: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    flip = torch.rand(img.shape[0], device=img.device, generator=generator) < 0.5
+    return torch.where(flip.view(-1, 1, 1, 1), img.flip(-1), img)

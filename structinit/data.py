@@ -1,0 +1,131 @@
+"""Dataset registry: every dataset becomes uint8 tensors (N, C, H, W) + int64 labels.
+
+    digits    the 8x8 handwritten digits shipped inside scikit-learn (no network)
+    cifar10   torchvision, checksum-verified download
+    cifar100  torchvision, checksum-verified download
+    svhn      torchvision, checksum-verified download ("train" split, as in the paper)
+
+The trainer keeps these tensors on the training device and augments batches there.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    name: str
+    image_size: int
+    channels: int
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+@dataclass
+class ImageData:
+    spec: DatasetSpec
+    train_images: torch.Tensor   # (N, C, H, W) uint8
+    train_labels: torch.Tensor   # (N,) int64
+    test_images: torch.Tensor
+    test_labels: torch.Tensor
+
+    def save(self, path: str | Path) -> None:
+        """Atomic save (write then rename), so an interrupted run never leaves half a file."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        torch.save({"spec": asdict(self.spec), "train_images": self.train_images,
+                    "train_labels": self.train_labels, "test_images": self.test_images,
+                    "test_labels": self.test_labels}, tmp)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ImageData":
+        d = torch.load(path, weights_only=True)
+        spec = d.pop("spec")
+        spec = DatasetSpec(**{**spec, "mean": tuple(spec["mean"]), "std": tuple(spec["std"])})
+        return cls(spec=spec, **d)
+
+
+CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2471, 0.2435, 0.2616)
+DATASETS = {
+    # digits: mean/std of all 1,797 images scaled to [0, 1].
+    "digits": DatasetSpec("digits", 8, 1, 10, (0.3053,), (0.3760,)),
+    "cifar10": DatasetSpec("cifar10", 32, 3, 10, CIFAR_MEAN, CIFAR_STD),
+    "cifar100": DatasetSpec("cifar100", 32, 3, 100, CIFAR_MEAN, CIFAR_STD),
+    "svhn": DatasetSpec("svhn", 32, 3, 10, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
+}
+DIGITS_TEST_FRACTION = 0.2
+DIGITS_SPLIT_SEED = 0
+
+
+def get_spec(name: str) -> DatasetSpec:
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {tuple(DATASETS)}")
+    return DATASETS[name]
+
+
+def prepare_dataset(name: str, root: str | Path = "data/raw", download: bool = True) -> ImageData:
+    """Load (downloading into `root` if needed) and convert to uint8 tensors."""
+    spec = get_spec(name)
+    if name == "digits":
+        return _digits(spec)
+    import torchvision.datasets as tvd
+
+    root = str(root)
+    if name in ("cifar10", "cifar100"):
+        cls = tvd.CIFAR10 if name == "cifar10" else tvd.CIFAR100
+        train, test = (cls(root, train=t, download=download) for t in (True, False))
+        to_tensor = lambda ds: (torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous(),  # noqa: E731
+                                torch.tensor(ds.targets, dtype=torch.int64))
+    else:  # svhn
+        train, test = (tvd.SVHN(root, split=s, download=download) for s in ("train", "test"))
+        to_tensor = lambda ds: (torch.from_numpy(ds.data).contiguous(),  # noqa: E731
+                                torch.from_numpy(ds.labels.astype(np.int64)))
+    return ImageData(spec, *to_tensor(train), *to_tensor(test))
+
+
+def _digits(spec: DatasetSpec) -> ImageData:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    d = load_digits()
+    images = torch.from_numpy(np.round(d.images * (255 / 16)).astype(np.uint8)).unsqueeze(1)
+    labels = torch.from_numpy(d.target.astype(np.int64))
+    tr, te = train_test_split(np.arange(len(labels)), test_size=DIGITS_TEST_FRACTION,
+                              stratify=d.target, random_state=DIGITS_SPLIT_SEED)
+    return ImageData(spec, images[tr], labels[tr], images[te], labels[te])
+
+
+def stratified_subset(labels: torch.Tensor, size: float | int | None, seed: int) -> torch.Tensor:
+    """Indices of a seeded, class-stratified subset of the training set.
+
+    size: None or 1.0 = everything; a float in (0, 1) = that fraction; an int = that many
+    images. Classes keep their proportions (largest-remainder rounding); the same (labels,
+    size, seed) always gives the same subset, whatever the initializer.
+    """
+    n = len(labels)
+    if size is None or size == 1.0:
+        return torch.arange(n)
+    if isinstance(size, bool) or not isinstance(size, (int, float)):
+        raise ValueError(f"train_size={size!r}: give a fraction in (0, 1], a count, or null")
+    count = round(size * n) if isinstance(size, float) else size
+    if isinstance(size, float) and not 0 < size <= 1:
+        raise ValueError(f"train_size={size}: a fraction must be in (0, 1]")
+    classes = labels.unique()
+    if not len(classes) <= count <= n:
+        raise ValueError(f"train_size={size} gives {count} images; allowed: {len(classes)}..{n} "
+                         f"(at least one per class, at most the {n} training images)")
+    gen = torch.Generator().manual_seed(seed)
+    per_class = [torch.nonzero(labels == c).flatten() for c in classes]
+    exact = torch.tensor([len(ix) * count / n for ix in per_class])
+    take = exact.floor().long().clamp(min=1)
+    for i in torch.argsort(exact - exact.floor(), descending=True)[: count - int(take.sum())]:
+        take[i] += 1
+    chosen = [ix[torch.randperm(len(ix), generator=gen)[:t]] for ix, t in zip(per_class, take)]
+    return torch.sort(torch.cat(chosen)).values

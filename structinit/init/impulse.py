@@ -1,0 +1,230 @@
+"""The structured ("impulse") initialization of attention: the paper's method.
+
+Each head's W_q, W_k are solved so that, on a data-free pseudo-input, its attention map
+approximates the N x N matrix of a k x k convolution with a one-hot (impulse) filter: the
+head attends from patch (i, j) to patch (i + m, j + n). Everything else keeps timm's
+default init, and everything stays trainable. Method page, sections 2-3.
+
+Pieces, in the order they are used:
+  kernel_offset / assign_offsets     which offset (m, n) each head gets
+  impulse_attention_target           the N x N 0/1 target of one offset
+  make_pseudo_input                   P / U / G / A / B, layer-normalized (N, C)
+  solve_impulse_qk                    targets + pseudo-input -> per-layer Q, K (solvers.py)
+  apply_impulse_solution              writes Q, K into a timm VisionTransformer
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ..models.vit import check_structured_vit, patch_grid, sincos_position_encoding
+from .solvers import SOLVERS, attention_from_qk, mean_target_mass
+
+PSEUDO_INPUTS = ("P", "U", "G", "A", "B")
+OFFSET_ORDERS = ("random", "fixed")
+
+
+def kernel_offset(kappa: int, kernel: int) -> tuple[int, int]:
+    """Filter index kappa in [0, k^2) -> grid offset (m, n), |m|, |n| <= k // 2."""
+    return kappa // kernel - kernel // 2, kappa % kernel - kernel // 2
+
+
+def fixed_offset_order(kernel: int) -> list[int]:
+    """Centre, up, right, left, down, then the rest by distance (diagonals first).
+
+    The NeurIPS version's order; taps further out than the 3x3 ring follow by Euclidean
+    distance, ties broken clockwise from "up", so the order is total and reproducible.
+    """
+    c = kernel // 2
+    first = [(0, 0), (-1, 0), (0, 1), (0, -1), (1, 0)]
+    rest = [(m, n) for m in range(-c, c + 1) for n in range(-c, c + 1) if (m, n) not in first]
+    rest.sort(key=lambda mn: (mn[0] ** 2 + mn[1] ** 2, math.atan2(mn[1], -mn[0]) % (2 * math.pi)))
+    return [(m + c) * kernel + (n + c) for m, n in first + rest]
+
+
+def assign_offsets(num_heads: int, kernel: int, order: str, generator: torch.Generator) -> list[int]:
+    """One filter index per head. "random": uniform with replacement (the paper's code)."""
+    if order == "random":
+        return torch.randint(0, kernel * kernel, (num_heads,), generator=generator).tolist()
+    if order == "fixed":
+        seq = fixed_offset_order(kernel)
+        return [seq[h % len(seq)] for h in range(num_heads)]
+    raise ValueError(f"unknown offsets={order!r}; choose one of {OFFSET_ORDERS}")
+
+
+def impulse_attention_target(grid: tuple[int, int], offset: tuple[int, int]) -> torch.Tensor:
+    """(N, N) target: row t(i, j) has a single 1 at t(i+m, j+n) when that is on the grid.
+
+    Rows whose shifted position falls off the grid stay all-zero (zero padding).
+    """
+    H, W = grid
+    m, n = offset
+    i, j = torch.meshgrid(torch.arange(H), torch.arange(W), indexing="ij")
+    i2, j2 = i + m, j + n
+    inside = (i2 >= 0) & (i2 < H) & (j2 >= 0) & (j2 < W)
+    target = torch.zeros(H * W, H * W)
+    rows = (i * W + j)[inside]
+    cols = (i2 * W + j2)[inside]
+    target[rows, cols] = 1.0
+    return target
+
+
+def layer_norm_rows(x: torch.Tensor) -> torch.Tensor:
+    """Per-token LayerNorm without affine, eps 1e-5: what a fresh block's norm1 computes."""
+    return F.layer_norm(x, x.shape[-1:], eps=1e-5)
+
+
+def make_pseudo_input(kind: str, grid: tuple[int, int], embed_dim: int,
+                 generator: torch.Generator) -> torch.Tensor:
+    """Data-free stand-in for the tokens a layer sees, (N, C), layer-normalized.
+
+    P: the model's fixed 2-D sin-cos encoding; U: i.i.d. U(-1, 1); G: truncated normal,
+    std sqrt(0.5) cut at +-2; A = P + U; B = P + G.
+    """
+    if kind not in PSEUDO_INPUTS:
+        raise ValueError(f"unknown pseudo_input {kind!r}; choose one of {PSEUDO_INPUTS}")
+    shape = (grid[0] * grid[1], embed_dim)
+    pe = sincos_position_encoding(grid, embed_dim)
+    uniform = lambda: torch.rand(shape, generator=generator) * 2 - 1  # noqa: E731
+    gaussian = lambda: torch.nn.init.trunc_normal_(  # noqa: E731
+        torch.empty(shape), std=math.sqrt(0.5), a=-2.0, b=2.0, generator=generator)
+    x = {"P": lambda: pe, "U": uniform, "G": gaussian,
+         "A": lambda: pe + uniform(), "B": lambda: pe + gaussian()}[kind]()
+    return layer_norm_rows(x)
+
+
+@dataclass
+class ImpulseSolution:
+    """Solved Q, K for every block, plus what it took to get them.
+
+    q: (L, H, C, r) and k: (L, H, r, C) with L = depth (a shared solve repeats one entry).
+    kappas[l][h] is head h's filter index in block l; offsets[l][h] its (m, n).
+    """
+    q: torch.Tensor
+    k: torch.Tensor
+    kappas: list[list[int]]
+    offsets: list[list[tuple[int, int]]]
+    grid: tuple[int, int]
+    options: dict
+    solve_seconds: float
+    loss: float             # MSE between solved maps and targets on the pseudo-input
+    target_mass: float      # mean attention mass on the target key (rows with a target)
+    solver_info: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ImpulseSolution":
+        d = dict(d)
+        d["offsets"] = [[tuple(o) for o in layer] for layer in d["offsets"]]
+        d["grid"] = tuple(d["grid"])
+        return cls(**d)
+
+
+def check_kernel(kernel: int, grid: tuple[int, int]) -> None:
+    if not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0:
+        raise ValueError(f"kernel={kernel!r}: the impulse filter needs an odd size >= 1 (3, 5, 7, ...)")
+    if kernel > min(grid):
+        raise ValueError(f"kernel={kernel} is larger than the {grid[0]}x{grid[1]} patch grid; "
+                         f"allowed: odd sizes up to {min(grid) - (1 - min(grid) % 2)}")
+
+
+def check_impulse_options(grid, embed_dim, num_heads, *, kernel=3, offsets="random",
+                          pseudo_input="P", pseudo_input_rest=None, solver="closed_form",
+                          **_ignored) -> None:
+    """Raise a clear error for a bad option, before any work is done."""
+    check_kernel(kernel, tuple(grid))
+    if embed_dim % num_heads:
+        raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
+    for kind in (pseudo_input, pseudo_input_rest or pseudo_input):
+        if kind not in PSEUDO_INPUTS:
+            raise ValueError(f"unknown pseudo_input {kind!r}; choose one of {PSEUDO_INPUTS}")
+    if offsets not in OFFSET_ORDERS:
+        raise ValueError(f"unknown offsets={offsets!r}; choose one of {OFFSET_ORDERS}")
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver {solver!r}; choose one of {tuple(SOLVERS)}")
+
+
+def solve_impulse_qk(grid: tuple[int, int], embed_dim: int, num_heads: int, depth: int, *,
+                     kernel: int = 3, offsets: str = "random", pseudo_input: str = "P",
+                     pseudo_input_rest: str | None = None, per_layer: bool = False,
+                     solver: str = "closed_form", seed: int = 0, **solver_options) -> ImpulseSolution:
+    """Solve W_q, W_k for every block of a (grid, width, heads, depth) ViT. No model needed.
+
+    pseudo_input is what block 0 sees; pseudo_input_rest (default: the same) what later
+    blocks see. Shared (per_layer=False): block 0 is solved on pseudo_input and every later
+    block reuses one solve on pseudo_input_rest (one solve in all when they are equal).
+    per_layer=True solves every block afresh, with new offsets and a new pseudo-input draw.
+    """
+    grid = tuple(grid)
+    check_impulse_options(grid, embed_dim, num_heads, kernel=kernel, offsets=offsets,
+                          pseudo_input=pseudo_input, pseudo_input_rest=pseudo_input_rest,
+                          solver=solver)
+    pseudo_input_rest = pseudo_input_rest or pseudo_input
+    head_dim = embed_dim // num_heads
+    scale = head_dim ** -0.5
+    gen = torch.Generator().manual_seed(seed)
+    solve = SOLVERS[solver]
+
+    # Which (pseudo-input, fresh offsets) each block's solve uses; equal keys share one solve.
+    plan = [(l if per_layer else (0 if (l == 0 or pseudo_input_rest == pseudo_input) else 1))
+            for l in range(depth)]
+    solved: dict[int, tuple] = {}
+    t0 = time.perf_counter()
+    for l, key in enumerate(plan):
+        if key in solved:
+            continue
+        kind = pseudo_input if l == 0 else pseudo_input_rest
+        kappas = assign_offsets(num_heads, kernel, offsets, gen)
+        mn = [kernel_offset(k, kernel) for k in kappas]
+        targets = torch.stack([impulse_attention_target(grid, o) for o in mn])  # (H, N, N)
+        x = make_pseudo_input(kind, grid, embed_dim, gen)                        # (N, C)
+        q, k, info = solve(x, targets, head_dim=head_dim, scale=scale, generator=gen,
+                           **solver_options)
+        maps = attention_from_qk(x, q, k, scale)
+        info = dict(info, loss=F.mse_loss(maps, targets).item(),
+                    target_mass=mean_target_mass(maps, targets))
+        solved[key] = (q, k, kappas, mn, info)
+    seconds = time.perf_counter() - t0
+
+    per_block = [solved[key] for key in plan]
+    first = per_block[0][4]
+    return ImpulseSolution(
+        q=torch.stack([b[0] for b in per_block]), k=torch.stack([b[1] for b in per_block]),
+        kappas=[b[2] for b in per_block], offsets=[b[3] for b in per_block], grid=grid,
+        options=dict(kernel=kernel, offsets=offsets, pseudo_input=pseudo_input,
+                     pseudo_input_rest=pseudo_input_rest, per_layer=per_layer, solver=solver,
+                     seed=seed, embed_dim=embed_dim, num_heads=num_heads, depth=depth,
+                     **solver_options),
+        solve_seconds=seconds, loss=first["loss"], target_mass=first["target_mass"],
+        solver_info={"solves": len(solved), "layer0": first,
+                     "per_solve": [v[4] for _, v in sorted(solved.items())]},
+    )
+
+
+@torch.no_grad()
+def apply_impulse_solution(model, solution: ImpulseSolution) -> None:
+    """Write the solved Q_h^T / K_h into each block's fused qkv weight (3C x C).
+
+    Rows [q | k | v]; head h owns rows h*r:(h+1)*r of the q and k blocks. qkv bias, V,
+    proj and everything else are left as they are.
+    """
+    check_structured_vit(model)
+    L, H, C, r = solution.q.shape
+    if (len(model.blocks), model.blocks[0].attn.num_heads, model.embed_dim) != (L, H, C) \
+            or patch_grid(model) != tuple(solution.grid):
+        raise ValueError(
+            f"solution is for depth={L}, heads={H}, width={C}, grid={solution.grid}; the model has "
+            f"depth={len(model.blocks)}, heads={model.blocks[0].attn.num_heads}, "
+            f"width={model.embed_dim}, grid={patch_grid(model)}")
+    for l, block in enumerate(model.blocks):
+        w = block.attn.qkv.weight  # (3C, C)
+        for h in range(H):
+            w[h * r:(h + 1) * r] = solution.q[l, h].T.to(w)
+            w[C + h * r:C + (h + 1) * r] = solution.k[l, h].to(w)
+    model.impulse_offsets = solution.offsets  # read by attention_maps to measure mass
