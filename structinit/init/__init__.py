@@ -64,14 +64,19 @@ def initialize(model, method: str, *, seed: int = 0, **options) -> InitRecord:
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for method {method!r}; allowed: {list(allowed)}")
     check_structured_vit(model)
+    if method == "impulse" and options.get("solution") is None:
+        # Fail on a bad kernel / pseudo-input / solver before any weight is touched.
+        check_impulse_options(patch_grid(model), model.embed_dim, model.blocks[0].attn.num_heads,
+                              **options)
     record = InitRecord(method=method, seed=seed, options={k: v for k, v in options.items()
                                                            if k != "solution"})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         gen = torch.Generator().manual_seed(seed)
-        if method == "kaiming_uniform":
-            kaiming_uniform(model)
-        else:
+        # Every module gets PyTorch's default first, so that no weight (e.g. the patch
+        # embedding, which timm leaves at PyTorch's default) depends on the global RNG.
+        kaiming_uniform(model)
+        if method != "kaiming_uniform":
             trunc_normal(model)
         if method == "mimetic":
             mimetic(model, gen, **options)

@@ -1,0 +1,42 @@
+import pytest
+import torch
+from timm.models import VisionTransformer
+
+import structinit as si
+from structinit.models.vit import sincos_position_encoding
+from conftest import small_vit
+
+
+def test_vit_is_timm_model_in_paper_configuration():
+    m = si.create_vit(**si.VIT_T2, num_classes=10)
+    assert isinstance(m, VisionTransformer)
+    assert m.cls_token is None and m.num_prefix_tokens == 0
+    assert m.global_pool == "avg"
+    assert isinstance(m.fc_norm, torch.nn.LayerNorm) and isinstance(m.norm, torch.nn.Identity)
+    assert m.patch_embed.grid_size == (16, 16) and m.embed_dim == 192 and len(m.blocks) == 12
+    assert m.blocks[0].attn.num_heads == 3 and m.blocks[0].attn.qkv.bias is not None
+    assert m.pos_embed.shape == (1, 256, 192)
+
+
+def test_position_encoding_is_fixed_sincos_and_survives_every_init():
+    m = small_vit()
+    pe = sincos_position_encoding((8, 8), 48)
+    assert not m.pos_embed.requires_grad
+    for method in si.METHODS:
+        si.initialize(m, method)
+        assert torch.equal(m.pos_embed[0], pe), method
+        assert not m.pos_embed.requires_grad
+    assert all(p is not m.pos_embed for g in si.train.param_groups(m, 0.1) for p in g["params"])
+
+
+def test_forward_shape_any_grid():
+    m = si.create_vit(img_size=12, patch_size=2, embed_dim=32, depth=2, num_heads=4,
+                      num_classes=7, in_chans=3)
+    assert m(torch.randn(2, 3, 12, 12)).shape == (2, 7)
+
+
+@pytest.mark.parametrize("kw,msg", [(dict(img_size=10, patch_size=3), "not divisible by patch_size"),
+                                    (dict(embed_dim=50, num_heads=3), "not divisible by num_heads")])
+def test_bad_shapes_raise(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        small_vit(**kw)
