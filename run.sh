@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One entry point that sets up a fresh machine, then runs the pipeline or the tests.
+#   ./run.sh repro [dvc repro args]   the main job: dvc repro on the embedded default
+#   ./run.sh test  [pytest args]      the test suite (what CI runs)
+#   ./run.sh <cmd> [args]             any command inside the project's environment
+# The environment is a virtualenv in .venv (override with VENV=...), built on first use and
+# rebuilt when pyproject.toml changes. TORCH_SPEC picks the torch build to install.
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=${VENV:-.venv}
+TORCH_SPEC=${TORCH_SPEC:-"torch==2.14.1 torchvision==0.29.1"}
+if [ ! -f "$VENV/.structinit-installed" ] || [ pyproject.toml -nt "$VENV/.structinit-installed" ]; then
+  echo "setting up $VENV (first run: a few minutes) ..." >&2
+  python3 -m venv "$VENV"
+  # shellcheck disable=SC2086
+  "$VENV/bin/pip" install -q --disable-pip-version-check $TORCH_SPEC
+  "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[test]'
+  touch "$VENV/.structinit-installed"
+fi
+export PATH="$PWD/$VENV/bin:$PATH" DVC_NO_ANALYTICS=1
+cmd=${1:-test}
+shift || true
+case "$cmd" in
+  test)  exec python -m pytest "$@" ;;
+  repro) exec dvc repro "$@" ;;
+  *)     exec "$cmd" "$@" ;;
+esac
