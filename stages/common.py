@@ -1,0 +1,54 @@
+"""What every stage script shares: reading params.yaml, cell names, atomic writes.
+
+Stages stay thin: parse arguments and params, call structinit, write outputs.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import yaml
+
+
+def load_params(path: str | Path = "params.yaml") -> dict:
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def recipe(params: dict, dataset: str) -> dict:
+    recipes = params["recipes"]
+    if dataset not in recipes:
+        raise SystemExit(f"no recipe for dataset {dataset!r} in params.yaml (recipes: {sorted(recipes)})")
+    return recipes[dataset]
+
+
+def impulse_name(kernel: int) -> str:
+    """Initializer name of the structured init with a k x k kernel, as in cell names."""
+    return f"impulse{kernel}"
+
+
+def write_json(path: str | Path, obj) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def save_torch(path: str | Path, obj) -> None:
+    import torch
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)

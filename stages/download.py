@@ -1,0 +1,14 @@
+"""download@<dataset>: fetch (checksum-verified) and convert one dataset to uint8 tensors."""
+import argparse
+
+from structinit.data import prepare_dataset
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--raw", default="data/raw", help="torchvision download cache")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    data = prepare_dataset(a.dataset, root=a.raw)
+    data.save(a.out)
+    print(f"{a.dataset}: {len(data.train_labels)} train / {len(data.test_labels)} test images -> {a.out}")

@@ -1,0 +1,124 @@
+"""End to end: the real `dvc repro` on a tiny configuration, in a temporary copy of the repo."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def sh(cwd, *cmd, check=True):
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", DVC_NO_ANALYTICS="1",
+               GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@t", STRUCTINIT_CKPT_DIR=str(Path(cwd) / ".ckpt"))
+    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if check and r.returncode:
+        raise AssertionError(f"{cmd} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return r
+
+
+def set_params(repo, **updates):
+    p = yaml.safe_load((repo / "params.yaml").read_text())
+    for dotted, value in updates.items():
+        *path, last = dotted.split(".")
+        d = p
+        for key in path:
+            d = d[key]
+        d[last] = value
+    (repo / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+
+
+@pytest.fixture(scope="module")
+def tiny_repo(tmp_path_factory):
+    """A fresh copy of the project (what git would clone) with a tiny grid, run once."""
+    repo = tmp_path_factory.mktemp("structinit") / "repo"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split("\n")
+    for f in filter(None, files):
+        if f.split("/")[0] in ("results", "reports", "dvc.lock") or not (REPO / f).exists():
+            continue                                   # start as if nothing had run yet
+        (repo / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / f, repo / f)
+    set_params(repo, **{"grid.baselines": ["trunc_normal"], "grid.kernels": [3, 5], "grid.seeds": [0],
+                        "data.train_size": 300, "recipes.digits.model.embed_dim": 24,
+                        "recipes.digits.model.depth": 1, "recipes.digits.train.epochs": 3,
+                        "recipes.digits.train.warmup_epochs": 1})
+    sh(repo, "git", "init", "-q")
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "commit", "-qm", "tiny")
+    first = sh(repo, "dvc", "repro")
+    return repo, first
+
+
+def test_repro_builds_reports_and_leaves_git_clean(tiny_repo):
+    repo, first = tiny_repo
+    table = (repo / "reports/main_table.md").read_text()
+    for row in ("Trunc Normal", "Imp.-3 (ours)", "Imp.-5"):
+        assert row in table
+    assert "Mimetic" not in table and "Kaiming" not in table       # only the grid's rows
+    assert "Seeds [0]; training images per dataset: 300" in table
+    summary = json.loads((repo / "reports/summary.json").read_text())
+    assert summary["digits"]["ours"]["init"] == "impulse3"
+    assert 0 < summary["digits"]["trunc_normal"]["acc"] <= 100
+    assert (repo / "reports/curves.csv").read_text().count("\n") == 1 + 3 * 3
+    # outputs DVC caches are git-ignored; what remains is what a user commits
+    status = sh(repo, "git", "status", "--porcelain", "--untracked-files=all").stdout.split("\n")
+    untracked = sorted(line[3:] for line in status if line.startswith("??"))
+    assert all(p == "dvc.lock" or p.endswith(".gitignore") or p.split("/")[0] in ("results", "reports")
+               for p in untracked), untracked
+    assert not any(p.startswith(("data/", "models/", "artifacts/")) and not p.endswith(".gitignore")
+                   for p in untracked)
+
+
+def test_second_repro_does_nothing(tiny_repo):
+    repo, _ = tiny_repo
+    again = sh(repo, "dvc", "repro")
+    assert "Running stage" not in again.stdout
+    assert "Data and pipelines are up to date" in again.stdout
+
+
+def test_plots_render(tiny_repo):
+    repo, _ = tiny_repo
+    out = sh(repo, "dvc", "plots", "show", "--json")
+    assert "test accuracy per cell" in out.stdout and "error" not in out.stdout.lower()
+
+
+def test_one_cell_and_kernel_experiment_and_metrics_diff(tiny_repo):
+    repo, _ = tiny_repo
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "commit", "-qm", "tiny results")
+    one = sh(repo, "dvc", "repro", "-f", "-s", "train_impulse@digits-5-0")
+    assert one.stdout.count("Running stage") == 1
+    exp = sh(repo, "dvc", "exp", "run", "-S", "init.kernel=5")
+    assert "Running stage 'aggregate'" in exp.stdout
+    assert "Running stage 'train" not in exp.stdout            # Imp.-5 is already trained
+    diff = sh(repo, "dvc", "metrics", "diff").stdout
+    assert "digits.ours.init" in diff or "digits.ours.acc" in diff, diff
+    summary = json.loads((repo / "reports/summary.json").read_text())
+    assert summary["digits"]["ours"]["init"] == "impulse5"
+
+
+def test_kernel_outside_grid_and_missing_cell_fail_loudly(tiny_repo):
+    repo, _ = tiny_repo
+    bad = sh(repo, "dvc", "exp", "run", "-S", "init.kernel=7", check=False)
+    assert bad.returncode != 0 and "init.kernel=7 is not in grid.kernels=[3, 5]" in bad.stdout + bad.stderr
+    set_params(repo, **{"init.kernel": 5})                  # the failed exp left 7 in the workspace
+    shutil.move(repo / "results/train/digits-impulse5-0", repo / "moved")
+    try:
+        r = sh(repo, "python", "-m", "stages.aggregate", "--out", str(repo / "scratch"), check=False)
+        assert r.returncode != 0 and "digits-impulse5-0" in r.stderr
+    finally:
+        shutil.move(repo / "moved", repo / "results/train/digits-impulse5-0")
+
+
+def test_shrunk_grid_leaves_no_stale_rows(tiny_repo):
+    repo, _ = tiny_repo
+    sh(repo, "dvc", "exp", "run", "-S", "grid.kernels=[3]", "-S", "init.kernel=3")
+    table = (repo / "reports/main_table.md").read_text()
+    assert "Imp.-3" in table and "Imp.-5" not in table
