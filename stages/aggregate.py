@@ -10,17 +10,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from stages.common import impulse_name, load_params, recipe, write_json, write_text
+from stages.common import impulse_name, load_params, read_cell, recipe, write_json, write_text
 from structinit import report
 
 
-def read_cell(results: Path, dataset: str, init: str, seed: int) -> tuple[dict, pd.DataFrame]:
-    cell = results / f"{dataset}-{init}-{seed}"
-    metrics = json.loads((cell / "metrics.json").read_text())
-    curve = pd.read_csv(cell / "plots/metrics/test/acc.tsv", sep="\t")
-    return {"dataset": dataset, "init": init, "seed": seed,
-            "acc": 100 * metrics["final_test_acc"], "best_acc": 100 * metrics["best_test_acc"],
-            "epochs": int(metrics["step"]) + 1}, curve.assign(cell=cell.name, epoch=curve.step + 1)
+def read_grid_cell(results: Path, dataset: str, init: str, seed: int) -> tuple[dict, pd.DataFrame]:
+    fields, curve = read_cell(results / f"{dataset}-{init}-{seed}")
+    return {"dataset": dataset, "init": init, "seed": seed, **fields}, curve
 
 
 def main():
@@ -42,7 +38,7 @@ def main():
                if not (Path(a.results) / f"{d}-{i}-{s}" / "metrics.json").exists()]
     if missing:
         raise SystemExit(f"missing results for {len(missing)} cell(s): {missing}")
-    rows, curves = zip(*(read_cell(Path(a.results), *e) for e in expected))
+    rows, curves = zip(*(read_grid_cell(Path(a.results), *e) for e in expected))
     cells = pd.DataFrame(rows)
     preopt = pd.DataFrame([json.loads((Path(a.preopt) / f"{d}-{k}-{s}.json").read_text())
                            for d, k, s in itertools.product(grid["datasets"], grid["kernels"], grid["seeds"])])

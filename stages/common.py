@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+import pandas as pd
 import yaml
 
 
@@ -52,3 +53,12 @@ def save_torch(path: str | Path, obj) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)
+
+
+def read_cell(cell: Path) -> tuple[dict, pd.DataFrame]:
+    """A trained cell's dvclive output -> (final/best test accuracy in %, epochs), curve."""
+    metrics = json.loads((cell / "metrics.json").read_text())
+    curve = pd.read_csv(cell / "plots/metrics/test/acc.tsv", sep="\t")
+    return ({"acc": 100 * metrics["final_test_acc"], "best_acc": 100 * metrics["best_test_acc"],
+             "epochs": int(metrics["step"]) + 1},
+            curve.assign(cell=cell.name, epoch=curve.step + 1))

@@ -90,3 +90,37 @@ def summary(cells: pd.DataFrame, datasets: list[str], inits: list[str], ours: st
             d["ours"]["delta_vs_trunc_normal"] = round(d[ours]["acc"] - d["trunc_normal"]["acc"], 3)
         out[ds] = d
     return out
+
+
+# --- the paper's other studies (method page, sections 6-7) ------------------------------
+
+# ConvMixer on CIFAR-10 (secondary quotes): size -> mode -> top-1 %.
+PAPER_CONVMIXER = {"cm512d6k3": {"learned": 92.82, "random": 92.2, "impulse": 92.2},
+                   "cm256d8k3": {"learned": 91.76}}
+# CIFAR-100 by shape (secondary quotes): shape -> init -> top-1 %.
+PAPER_HEADS_WIDTH = {"vit_s_h6": {"trunc_normal": 66.81, "mimetic": 73.86, "impulse3": 75.97},
+                     "vit_s_h16": {"trunc_normal": 67.25, "mimetic": 72.72, "impulse3": 75.40}}
+# CIFAR-10 pseudo-input ablation: PE for every layer, shared Q/K.
+PAPER_PSEUDO_INPUT = {"PP": 90.75}
+
+
+def study_table(cells: pd.DataFrame, row_key: str, col_key: str, rows: list, cols: list,
+                paper: dict | None = None, paper_dataset: str | None = None,
+                row_label=str, col_label=str) -> str:
+    """Mean ± std table: per dataset, one row per `row_key` value and one column per
+    `col_key` value; on `paper_dataset`, the paper's number in brackets where it has one."""
+    out = []
+    for ds in cells.dataset.unique():
+        sub = cells[cells.dataset == ds]
+        g = sub.groupby([row_key, col_key])["acc"]
+        stats = pd.DataFrame({"mean": g.mean(), "std": g.std(ddof=1).fillna(0.0), "n": g.count()})
+        for r in rows:
+            line = [ds, row_label(r)]
+            for c in cols:
+                s = stats.loc[(r, c)]
+                txt = _fmt(s["mean"], s["std"], int(s["n"]))
+                ref = (paper or {}).get(r, {}).get(c) if ds == paper_dataset else None
+                line.append(txt + (f" [paper {ref:.2f}]" if ref is not None else ""))
+            out.append(line)
+    return tabulate(out, headers=["dataset", row_key] + [col_label(c) for c in cols],
+                    tablefmt="github", disable_numparse=True)

@@ -208,11 +208,14 @@ def train_model(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
             loss_sum += loss.detach() * len(y)
             correct += (logits.argmax(-1) == y).sum()
         seen = steps_per_epoch * batch_size
+        if device.type == "cuda":
+            torch.cuda.synchronize()                  # so train_seconds is the real time
         metrics = {"epoch": epoch + 1, "lr": opt.param_groups[0]["lr"],
                    "train_loss": loss_sum.item() / seen, "train_acc": correct.item() / seen}
         train_seconds = time.perf_counter() - t0
         metrics.update(evaluate(model, test_x, test_y, pipe, cfg, device))
-        metrics.update(seconds=time.perf_counter() - t0, images_per_s=seen / train_seconds)
+        metrics.update(seconds=time.perf_counter() - t0, train_seconds=train_seconds,
+                       images_per_s=seen / train_seconds)
         history.append(metrics)
         if progress:
             tqdm.write(f"epoch {epoch + 1}/{cfg.epochs}  loss {metrics['train_loss']:.4f}  "

@@ -48,11 +48,16 @@ def tiny_repo(tmp_path_factory):
     set_params(repo, **{"grid.baselines": ["trunc_normal"], "grid.kernels": [3, 5], "grid.seeds": [0],
                         "data.train_size": 300, "recipes.digits.model.embed_dim": 24,
                         "recipes.digits.model.depth": 1, "recipes.digits.train.epochs": 3,
-                        "recipes.digits.train.warmup_epochs": 1})
+                        "recipes.digits.train.warmup_epochs": 1,
+                        "studies.convmixer.modes": ["learned", "impulse"],
+                        "convmixer_sizes.cm64d4k3": {"dim": 16, "depth": 1, "kernel_size": 3, "patch_size": 1},
+                        "studies.pseudo_input.variants": ["UP"],
+                        "studies.heads_width.shapes": ["h6"],
+                        "studies.heads_width.inits": ["trunc_normal", "impulse3"]})
     sh(repo, "git", "init", "-q")
     sh(repo, "git", "add", "-A")
     sh(repo, "git", "commit", "-qm", "tiny")
-    first = sh(repo, "dvc", "repro")
+    first = sh(repo, "dvc", "repro", "aggregate")         # the main table alone
     return repo, first
 
 
@@ -74,6 +79,27 @@ def test_repro_builds_reports_and_leaves_git_clean(tiny_repo):
                for p in untracked), untracked
     assert not any(p.startswith(("data/", "models/", "artifacts/")) and not p.endswith(".gitignore")
                    for p in untracked)
+
+
+def test_main_table_does_not_wait_for_studies(tiny_repo):
+    repo, first = tiny_repo
+    assert "Running stage 'study_" not in first.stdout and "Running stage 'aggregate'" in first.stdout
+
+
+def test_study_stages_build_their_tables_reusing_main_cells(tiny_repo):
+    repo, _ = tiny_repo
+    r = sh(repo, "dvc", "repro", "pseudo_input_report")
+    assert r.stdout.count("Running stage 'study_pseudo_input@") == 1      # only UP: PP is reused
+    assert "Running stage 'train_" not in r.stdout
+    table = (repo / "reports/pseudo_input.md").read_text()
+    assert "P → P, shared (main grid)" in table and "U → P, shared" in table
+    assert "seeds [0], epochs {'digits': 3}" in table
+    r = sh(repo, "dvc", "repro")                              # everything else: the other two studies
+    assert r.stdout.count("Running stage 'study_heads_width@") == 2      # h6 x 2 inits
+    assert r.stdout.count("Running stage 'study_convmixer@") == 2
+    for name in ("convmixer_filters", "heads_width"):
+        assert "| digits" in (repo / f"reports/{name}.md").read_text()
+    assert "recipe" in (repo / "reports/heads_width.md").read_text()
 
 
 def test_second_repro_does_nothing(tiny_repo):

@@ -1,0 +1,104 @@
+"""<study>_report: one study's table under reports/, from its cells (and the main grid's).
+
+    python -m stages.study_report {convmixer,pseudo_input,heads_width} --out reports/<table>.md
+
+Like aggregate, the expected cells come from params.yaml and a missing one fails the stage.
+Cells the main grid already trained (the structured init with the main init settings, the
+recipe's own model shape) are read from results/train, not trained again.
+"""
+import argparse
+import itertools
+from pathlib import Path
+
+import pandas as pd
+
+from stages.common import load_params, read_cell, recipe, write_text
+from structinit import report
+
+STUDIES = ("convmixer", "pseudo_input", "heads_width")
+
+
+def _what_ran(params, study, extra=""):
+    s = params["studies"][study]
+    eps = {ds: recipe(params, ds)["train"]["epochs"] for ds in s["datasets"]}
+    return (f"What ran: datasets {s['datasets']}, seeds {s['seeds']}, epochs {eps}, training images "
+            f"per dataset: {params['data']['train_size'] or 'all'}{extra}. Final-epoch test accuracy (%), "
+            "mean ± std over seeds (n=1: one seed).")
+
+
+def _collect(expected):
+    """expected: [(path, fields)] -> DataFrame; fails naming every missing cell."""
+    missing = [str(p) for p, _ in expected if not (p / "metrics.json").exists()]
+    if missing:
+        raise SystemExit(f"missing results for {len(missing)} cell(s): {missing}")
+    return pd.DataFrame([{**fields, **read_cell(p)[0]} for p, fields in expected])
+
+
+def convmixer(params, main, studies):
+    s = params["studies"]["convmixer"]
+    cells = _collect([(studies / "convmixer" / f"{d}-{z}-{m}-{seed}", dict(dataset=d, size=z, mode=m))
+                      for d, z, m, seed in itertools.product(s["datasets"], s["sizes"], s["modes"], s["seeds"])])
+    sizes = "; ".join(f"{z} = {params['convmixer_sizes'][z]}" for z in s["sizes"])
+    return ("# ConvMixer: learned vs frozen spatial filters\n\n"
+            "Why impulse filters: depthwise k×k filters learned, or frozen random U(±1/k), frozen "
+            "impulse (one-hot) or frozen box (all taps equal); channel mixing always learned. "
+            "[paper] = CIFAR-10 numbers quoted from the paper.\n\n"
+            + _what_ran(params, "convmixer", f"; sizes: {sizes}") + "\n\n"
+            + report.study_table(cells, "size", "mode", s["sizes"], s["modes"],
+                                 report.PAPER_CONVMIXER, "cifar10") + "\n")
+
+
+def pseudo_input(params, main, studies):
+    s = params["studies"]["pseudo_input"]
+    k, init = s["kernel"], params["init"]
+    main_variant = (init["pseudo_input"] + (init["pseudo_input_rest"] or init["pseudo_input"])
+                    + ("L" if init["per_layer"] else ""))
+    expected = [(studies / "pseudo_input" / f"{d}-{v}-{seed}", dict(dataset=d, variant=v, solve="study"))
+                for d, v, seed in itertools.product(s["datasets"], s["variants"], s["seeds"])]
+    expected += [(main / f"{d}-impulse{k}-{seed}", dict(dataset=d, variant=main_variant, solve="main grid"))
+                 for d, seed in itertools.product(s["datasets"], s["seeds"])
+                 if main_variant not in s["variants"]]
+    cells = _collect(expected)
+    variants = list(dict.fromkeys([main_variant] + list(s["variants"])))
+    cells["kernel"] = f"Imp.-{k}"
+    label = lambda v: (f"{v[0]} → {v[1]}, " + ("per-layer" if v.endswith("L") else "shared")  # noqa: E731
+                       + (" (main grid)" if v == main_variant else ""))
+    return ("# Pseudo-input ablation for the structured init\n\n"
+            "Pseudo-input of the first block → of the later blocks (P: sin-cos encoding, U: uniform, "
+            "G: truncated normal, A = P+U, B = P+G), one Q/K solve shared by every block or one per "
+            "block. [paper] = CIFAR-10, PE everywhere with shared Q/K.\n\n"
+            + _what_ran(params, "pseudo_input", f"; kernel {k}, solver {init['solver']}") + "\n\n"
+            + report.study_table(cells, "variant", "kernel", variants, [f"Imp.-{k}"],
+                                 {"PP": {f"Imp.-3": report.PAPER_PSEUDO_INPUT["PP"]}}, "cifar10",
+                                 row_label=label) + "\n")
+
+
+def heads_width(params, main, studies):
+    s = params["studies"]["heads_width"]
+    expected = [(studies / "heads_width" / f"{d}-{z}-{i}-{seed}", dict(dataset=d, shape=z, init=i))
+                for d, z, i, seed in itertools.product(s["datasets"], s["shapes"], s["inits"], s["seeds"])]
+    expected += [(main / f"{d}-{i}-{seed}", dict(dataset=d, shape="recipe", init=i))
+                 for d, i, seed in itertools.product(s["datasets"], s["inits"], s["seeds"])]
+    cells = _collect(expected)
+    shapes = ["recipe"] + list(s["shapes"])
+    desc = "; ".join(f"{z} = {params['model_shapes'][z]}" for z in s["shapes"])
+    recipes = "; ".join(f"{d} recipe = {recipe(params, d)['model']}" for d in s["datasets"])
+    return ("# Heads and width: structured init vs baselines\n\n"
+            "Each shape overrides the dataset recipe's model; \"recipe\" rows are the main grid's "
+            "cells. [paper] = CIFAR-100 numbers quoted from the paper.\n\n"
+            + _what_ran(params, "heads_width", f"; {recipes}; {desc}") + "\n\n"
+            + report.study_table(cells, "shape", "init", shapes, list(s["inits"]),
+                                 report.PAPER_HEADS_WIDTH, "cifar100", col_label=report.label) + "\n")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("study", choices=STUDIES)
+    ap.add_argument("--main", default="results/train")
+    ap.add_argument("--studies", default="results/studies")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    params = load_params()
+    text = globals()[a.study](params, Path(a.main), Path(a.studies))
+    write_text(a.out, text)
+    print(text)
