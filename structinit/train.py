@@ -163,7 +163,9 @@ def train_model(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
     model.to(device)
     if cfg.channels_last:
         model.to(memory_format=torch.channels_last)
-    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps)
+    # fused AdamW: one kernel for all parameters instead of a handful per tensor.
+    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps,
+                            fused=device.type in ("cuda", "cpu"))
     history: list[dict] = []
     start_epoch = 0
     ckpt = Path(checkpoint_path) if checkpoint_path else None
