@@ -8,7 +8,6 @@ import json
 import os
 from pathlib import Path
 
-import pandas as pd
 import yaml
 
 
@@ -55,8 +54,10 @@ def save_torch(path: str | Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def read_cell(cell: Path) -> tuple[dict, pd.DataFrame]:
+def read_cell(cell: Path):
     """A trained cell's dvclive output -> (final/best test accuracy in %, epochs), curve."""
+    import pandas as pd  # only the report stages need it; keeps the training stages' start-up short
+
     metrics = json.loads((cell / "metrics.json").read_text())
     curve = pd.read_csv(cell / "plots/metrics/test/acc.tsv", sep="\t")
     return ({"acc": 100 * metrics["final_test_acc"], "best_acc": 100 * metrics["best_test_acc"],
