@@ -27,8 +27,8 @@ def test_equalize_and_autocontrast_match_pil():
     eq, ac = _equalize(x), _autocontrast(x)
     for i in range(4):
         pil = Image.fromarray(x[i].permute(1, 2, 0).numpy().astype(np.uint8))
-        want_eq = torch.from_numpy(np.asarray(ImageOps.equalize(pil))).permute(2, 0, 1).float()
-        want_ac = torch.from_numpy(np.asarray(ImageOps.autocontrast(pil))).permute(2, 0, 1).float()
+        want_eq = torch.from_numpy(np.array(ImageOps.equalize(pil))).permute(2, 0, 1).float()
+        want_ac = torch.from_numpy(np.array(ImageOps.autocontrast(pil))).permute(2, 0, 1).float()
         assert torch.equal(eq[i], want_eq)
         assert (ac[i] - want_ac).abs().max() < 1.01              # PIL truncates through a LUT
 
