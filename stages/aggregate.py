@@ -44,10 +44,9 @@ def main():
                            for d, k, s in itertools.product(grid["datasets"], grid["kernels"], grid["seeds"])])
 
     out = Path(a.out)
-    what = "; ".join(
-        f"{ds}: {recipe(params, ds)['train']['epochs']} epochs, ViT patch {recipe(params, ds)['model']['patch_size']}"
-        f"/width {recipe(params, ds)['model']['embed_dim']}/depth {recipe(params, ds)['model']['depth']}"
-        f"/{recipe(params, ds)['model']['num_heads']} heads" for ds in grid["datasets"])
+    shapes = {ds: (recipe(params, ds)["train"]["epochs"], recipe(params, ds)["model"]) for ds in grid["datasets"]}
+    what = "; ".join(f"{ds}: {ep} epochs, ViT patch {m['patch_size']}/width {m['embed_dim']}"
+                     f"/depth {m['depth']}/{m['num_heads']} heads" for ds, (ep, m) in shapes.items())
     run = (f"Seeds {grid['seeds']}; training images per dataset: {params['data']['train_size'] or 'all'}; "
            f"{what}. Structured init: solver {params['init']['solver']}, pseudo-input "
            f"{params['init']['pseudo_input']}, offsets {params['init']['offsets']}.")

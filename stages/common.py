@@ -5,10 +5,11 @@ Stages stay thin: parse arguments and params, call structinit, write outputs.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import yaml
+
+from structinit.io import write_atomic
 
 
 def load_params(path: str | Path = "params.yaml") -> dict:
@@ -29,29 +30,11 @@ def impulse_name(kernel: int) -> str:
 
 
 def write_json(path: str | Path, obj) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n"))
 
 
 def write_text(path: str | Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def save_torch(path: str | Path, obj) -> None:
-    import torch
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    write_atomic(path, lambda tmp: tmp.write_text(text))
 
 
 def read_cell(cell: Path):

@@ -2,7 +2,8 @@
 import argparse
 
 
-from stages.common import load_params, recipe, save_torch, write_json
+from stages.common import load_params, recipe, write_json
+from structinit.io import save_torch
 from structinit.data import get_spec
 from structinit.init.impulse import solve_impulse_qk
 from structinit.pipeline import impulse_options, model_grid

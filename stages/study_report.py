@@ -69,7 +69,7 @@ def pseudo_input(params, main, studies):
             "block. [paper] = CIFAR-10, PE everywhere with shared Q/K.\n\n"
             + _what_ran(params, "pseudo_input", f"; kernel {k}, solver {init['solver']}") + "\n\n"
             + report.study_table(cells, "variant", "kernel", variants, [f"Imp.-{k}"],
-                                 {"PP": {f"Imp.-3": report.PAPER_PSEUDO_INPUT["PP"]}}, "cifar10",
+                                 {"PP": {"Imp.-3": report.PAPER_PSEUDO_INPUT["PP"]}}, "cifar10",
                                  row_label=label) + "\n")
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 from dvclive import Live
 
-from stages.common import load_params, recipe, save_torch, write_json
+from stages.common import load_params, recipe, write_json
+from structinit.io import save_torch
 from structinit import ImageData, ImpulseSolution, TrainConfig, initialize, stratified_subset, train_model
 from structinit.models import create_convmixer
 from structinit.pipeline import build_model, impulse_options, parse_pseudo_variant

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .io import save_torch
+
 
 @dataclass(frozen=True)
 class DatasetSpec:
@@ -36,13 +38,9 @@ class ImageData:
 
     def save(self, path: str | Path) -> None:
         """Atomic save (write then rename), so an interrupted run never leaves half a file."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        torch.save({"spec": asdict(self.spec), "train_images": self.train_images,
-                    "train_labels": self.train_labels, "test_images": self.test_images,
-                    "test_labels": self.test_labels}, tmp)
-        tmp.replace(path)
+        save_torch(path, {"spec": asdict(self.spec), "train_images": self.train_images,
+                          "train_labels": self.train_labels, "test_images": self.test_images,
+                          "test_labels": self.test_labels})
 
     @classmethod
     def load(cls, path: str | Path) -> "ImageData":

@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from tqdm.auto import tqdm
 
 from .augment import RandAugmentPolicy, rand_augment, random_hflip
 from .data import ImageData
+from .io import save_torch
 
 AMP_MODES = ("auto", "bf16", "off")
 
@@ -129,13 +129,6 @@ def evaluate(model, images: torch.Tensor, labels: torch.Tensor, pipe: BatchPipel
     return {"test_loss": loss_sum.item() / n, "test_acc": correct.item() / n}
 
 
-def _save_checkpoint(path: Path, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # atomic: a kill mid-write never corrupts the last checkpoint
-
-
 def train_model(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
                 device: torch.device | str | None = None, train_indices: torch.Tensor | None = None,
                 checkpoint_path: str | Path | None = None, fingerprint: dict | None = None,
@@ -223,7 +216,7 @@ def train_model(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
             tqdm.write(f"epoch {epoch + 1}/{cfg.epochs}  loss {metrics['train_loss']:.4f}  "
                        f"test acc {metrics['test_acc']:.4f}  ({metrics['images_per_s']:.0f} img/s)")
         if ckpt is not None:
-            _save_checkpoint(ckpt, {"fingerprint": fingerprint, "epoch": epoch, "history": history,
+            save_torch(ckpt, {"fingerprint": fingerprint, "epoch": epoch, "history": history,
                                     "model": model.state_dict(), "optimizer": opt.state_dict()})
         if on_epoch_end:
             on_epoch_end(metrics)
