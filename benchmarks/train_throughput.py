@@ -8,9 +8,13 @@ rand-m9-mstd0.5-inc1 by default, the paper's). The baseline is the usual loop: a
 DataLoader with worker processes, per-image torchvision/timm PIL transforms, an eager timm
 model and a `.item()` per step. Ours is `structinit.train_model`: data resident on the
 device, batched augmentation there, no host sync in the step loop. Runs alternate, so machine
-load hits both alike; repeat r uses seed r. Prints training images/s (min/median over repeats),
-test accuracy after the same budget (mean ± std over the seeds), and last
-`ratio: <ours / baseline>` (medians). Runs unchanged on a GPU.
+load hits both alike; repeat r uses seed r. A third row times the model alone (fwd, bwd,
+clip, AdamW on one fixed batch, no data path): no trainer can beat it, so its rate over the
+baseline's is the ceiling for the ratio on this machine; where the model is the bottleneck
+(a small ViT on 2 CPU cores) that ceiling is low, where the data path is (a GPU) it is high.
+Prints training images/s (min/median over repeats), test accuracy after the same budget
+(mean ± std over the seeds), the ceiling, and last `ratio: <ours / baseline>` (medians).
+Runs unchanged on a GPU.
 """
 import argparse
 import dataclasses
@@ -88,6 +92,41 @@ def baseline_train(model, data, cfg, device, workers):
     return seen / train_s, acc
 
 
+def model_step_only(model, data, cfg, device, steps):
+    """The model's own cost: fwd + bwd + clip + AdamW on one fixed, already-normalized batch.
+
+    No data path at all, so no trainer can beat this rate with the same model, batch and
+    precision; baseline / this is the ceiling for the ratio on this machine.
+    """
+    pipe = BatchPipeline(data, cfg, device)
+    bs = min(cfg.batch_size, len(data.train_labels))
+    x = pipe.normalize(data.train_images[:bs].to(device))
+    y = data.train_labels[:bs].to(device)
+    model.to(device).train()
+    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps,
+                            fused=device.type in ("cuda", "cpu"))
+
+    def step():
+        with _autocast(cfg, device):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+
+    for _ in range(3):
+        step()                                           # warm-up: allocator, kernels
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return steps * bs / (time.perf_counter() - t)
+
+
 def ours_train(model, data, cfg, device):
     hist = si.train_model(model, data, cfg, device=device, progress=False)
     seen = sum(h["images_per_s"] * h["train_seconds"] for h in hist)
@@ -111,7 +150,8 @@ def main():
                             "warmup_epochs": min(rec["train"]["warmup_epochs"], 1)})
     print(f"{a.dataset}: {len(data.train_labels)} train images, batch {cfg.batch_size}, "
           f"{a.epochs} epochs, model {rec['model']}, device {device}, torch {torch.__version__}")
-    results = {"baseline": [], "ours": []}
+    results = {"baseline": [], "ours": [], "model step only": []}
+    steps_per_epoch = len(data.train_labels) // min(cfg.batch_size, len(data.train_labels))
     for r in range(a.repeats):
         # Repeat r uses seed r for init, shuffling and augmentation: accuracy after a short
         # budget varies a lot with the seed, so it is compared as mean ± std over seeds.
@@ -123,15 +163,21 @@ def main():
                         else ours_train(model, data, cfg, device))
             results[name].append((ips, acc))
             print(f"  repeat {r + 1}: {name:8s} {ips:8.0f} img/s  test acc {acc:.4f}", flush=True)
+        model = build_model(rec["model"], data.spec)
+        si.initialize(model, "trunc_normal", seed=r)
+        ips = model_step_only(model, data, cfg, device, steps=2 * steps_per_epoch)
+        results["model step only"].append((ips, None))
+        print(f"  repeat {r + 1}: model step only {ips:8.0f} img/s", flush=True)
     rows = []
     for name, runs in results.items():
         ips = [x for x, _ in runs]
-        accs = [y for _, y in runs]
+        accs = [y for _, y in runs if y is not None]
         rows.append([name, f"{min(ips):.0f}", f"{statistics.median(ips):.0f}",
-                     f"{statistics.mean(accs):.4f} ± {statistics.pstdev(accs):.4f}"])
+                     f"{statistics.mean(accs):.4f} ± {statistics.pstdev(accs):.4f}" if accs else "-"])
     print(tabulate(rows, headers=["trainer", "min img/s", "median img/s",
                                   f"test acc after {a.epochs} epochs (mean ± std over seeds)"], tablefmt="github"))
     med = {k: statistics.median(x for x, _ in v) for k, v in results.items()}
+    print(f"ceiling (model step only / baseline): {med['model step only'] / med['baseline']:.2f}")
     print(f"ratio: {med['ours'] / med['baseline']:.2f}")
 
 

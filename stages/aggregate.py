@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from stages.common import impulse_name, load_params, read_cell, recipe, write_json, write_text
+from stages.common import impulse_name, load_params, read_cell, recipe, run_stage, write_json, write_text
 from structinit import report
 
 
@@ -73,4 +73,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -1,9 +1,11 @@
 """download@<dataset>: fetch (checksum-verified) and convert one dataset to uint8 tensors."""
 import argparse
 
+from stages.common import run_stage
 from structinit.data import prepare_dataset
 
-if __name__ == "__main__":
+
+def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dataset", required=True)
     ap.add_argument("--raw", default="data/raw", help="torchvision download cache")
@@ -12,3 +14,7 @@ if __name__ == "__main__":
     data = prepare_dataset(a.dataset, root=a.raw)
     data.save(a.out)
     print(f"{a.dataset}: {len(data.train_labels)} train / {len(data.test_labels)} test images -> {a.out}")
+
+
+if __name__ == "__main__":
+    run_stage(main)

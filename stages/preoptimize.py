@@ -1,14 +1,13 @@
 """preoptimize@<dataset>-<kernel>-<seed>: the structured init's Q/K solve for one model shape."""
 import argparse
 
-
-from stages.common import load_params, recipe, write_json
+from stages.common import load_params, recipe, run_stage, write_json
 from structinit.io import save_torch
 from structinit.data import get_spec
 from structinit.init.impulse import solve_impulse_qk
 from structinit.pipeline import impulse_options, model_grid
 
-if __name__ == "__main__":
+def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dataset", required=True)
     ap.add_argument("--kernel", type=int, required=True)
@@ -32,3 +31,7 @@ if __name__ == "__main__":
         "model": model_cfg})
     print(f"{a.dataset} k={a.kernel} seed={a.seed}: {sol.options['solver']} solve in "
           f"{sol.solve_seconds:.2f}s, mse {sol.loss:.5f}, target mass {sol.target_mass:.3f}")
+
+
+if __name__ == "__main__":
+    run_stage(main)

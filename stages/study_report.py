@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from stages.common import load_params, read_cell, recipe, write_text
+from stages.common import load_params, read_cell, recipe, run_stage, write_text
 from structinit import report
 
 STUDIES = ("convmixer", "pseudo_input", "heads_width")
@@ -91,7 +91,7 @@ def heads_width(params, main, studies):
                                  report.PAPER_HEADS_WIDTH, "cifar100", col_label=report.label) + "\n")
 
 
-if __name__ == "__main__":
+def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("study", choices=STUDIES)
     ap.add_argument("--main", default="results/train")
@@ -102,3 +102,7 @@ if __name__ == "__main__":
     text = globals()[a.study](params, Path(a.main), Path(a.studies))
     write_text(a.out, text)
     print(text)
+
+
+if __name__ == "__main__":
+    run_stage(main)

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from dvclive import Live
 
-from stages.common import load_params, recipe, write_json
+from stages.common import load_params, recipe, run_stage, write_json
 from structinit.io import save_torch
 from structinit import ImageData, ImpulseSolution, TrainConfig, initialize, stratified_subset, train_model
 from structinit.models import create_convmixer
@@ -91,13 +91,14 @@ def main():
 
         def log(metrics):
             for key in ("train_loss", "train_acc", "test_loss", "test_acc", "lr"):
-                live.log_metric(key.replace("_", "/", 1), metrics[key])
+                if key in metrics:                    # test_* only on evaluated epochs
+                    live.log_metric(key.replace("_", "/", 1), metrics[key])
             live.next_step()
 
         history = train_model(model, data, cfg, train_indices=subset, checkpoint_path=ckpt,
                               fingerprint={"init": init_record, "subset": subset.tolist()},
                               on_epoch_end=log)
-        live.summary["best_test_acc"] = max(h["test_acc"] for h in history)
+        live.summary["best_test_acc"] = max(h["test_acc"] for h in history if "test_acc" in h)
         live.summary["final_test_acc"] = history[-1]["test_acc"]
         live.summary["median_images_per_s"] = sorted(h["images_per_s"] for h in history)[len(history) // 2]
     write_json(Path(a.out) / "init.json", init_record)
@@ -107,4 +108,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

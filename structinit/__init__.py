@@ -8,14 +8,46 @@ Where things are:
     structinit/attention.py      attention maps and mass on each head's offset
     structinit/data.py           dataset registry (digits, cifar10, cifar100, svhn)
     structinit/train.py          the trainer
-"""
-from .attention import AttentionMaps, attention_maps
-from .data import DATASETS, ImageData, get_spec, prepare_dataset, stratified_subset
-from .init import METHODS, ImpulseSolution, InitRecord, initialize, solve_impulse_qk
-from .models import FILTER_MODES, VIT_T2, create_convmixer, create_vit
-from .train import TrainConfig, default_device, train_model
+    structinit/report.py         the comparison tables
 
-__all__ = ["AttentionMaps", "attention_maps", "DATASETS", "ImageData", "get_spec",
-           "prepare_dataset", "stratified_subset", "METHODS", "ImpulseSolution", "InitRecord",
-           "initialize", "solve_impulse_qk", "FILTER_MODES", "VIT_T2", "create_convmixer",
-           "create_vit", "TrainConfig", "default_device", "train_model"]
+The names below are imported on first use (PEP 562), not at `import structinit`: timm and
+torchvision take ~4 s to import, and the stages that never build a model (download,
+aggregate, the study reports) should not pay for them on every `dvc repro`.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+_EXPORTS = {
+    ".attention": ("AttentionMaps", "attention_maps"),
+    ".data": ("DATASETS", "ImageData", "get_spec", "prepare_dataset", "stratified_subset"),
+    ".init": ("METHODS", "ImpulseSolution", "InitRecord", "initialize", "solve_impulse_qk"),
+    ".models": ("FILTER_MODES", "VIT_T2", "create_convmixer", "create_vit"),
+    ".train": ("TrainConfig", "default_device", "train_model"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+_SUBMODULES = ("attention", "augment", "data", "init", "io", "models", "pipeline", "report", "train")
+__all__ = list(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:                     # `structinit.train` without importing it first
+        return importlib.import_module(f".{name}", __name__)
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'structinit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_MODULE_OF[name], __name__), name)
+    globals()[name] = value                     # later lookups skip __getattr__
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))
+
+
+if TYPE_CHECKING:                               # for type checkers and IDEs
+    from .attention import AttentionMaps, attention_maps
+    from .data import DATASETS, ImageData, get_spec, prepare_dataset, stratified_subset
+    from .init import METHODS, ImpulseSolution, InitRecord, initialize, solve_impulse_qk
+    from .models import FILTER_MODES, VIT_T2, create_convmixer, create_vit
+    from .train import TrainConfig, default_device, train_model

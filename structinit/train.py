@@ -45,12 +45,13 @@ class TrainConfig:
     amp: str = "auto"            # auto: bf16 autocast on CUDA, fp32 on CPU
     channels_last: bool = False
     compile: bool = False
+    eval_every: int = 1          # test-set evaluation every n epochs (and always after the last)
     seed: int = 0
 
     def __post_init__(self):
         if self.amp not in AMP_MODES:
             raise ValueError(f"amp={self.amp!r}; choose one of {AMP_MODES}")
-        for name in ("epochs", "batch_size"):
+        for name in ("epochs", "batch_size", "eval_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
         if self.randaugment:
@@ -208,13 +209,15 @@ def train_model(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
         metrics = {"epoch": epoch + 1, "lr": opt.param_groups[0]["lr"],
                    "train_loss": loss_sum.item() / seen, "train_acc": correct.item() / seen}
         train_seconds = time.perf_counter() - t0
-        metrics.update(evaluate(model, test_x, test_y, pipe, cfg, device))
+        if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
+            metrics.update(evaluate(model, test_x, test_y, pipe, cfg, device))
         metrics.update(seconds=time.perf_counter() - t0, train_seconds=train_seconds,
                        images_per_s=seen / train_seconds)
         history.append(metrics)
         if progress:
+            test = f"test acc {metrics['test_acc']:.4f}  " if "test_acc" in metrics else ""
             tqdm.write(f"epoch {epoch + 1}/{cfg.epochs}  loss {metrics['train_loss']:.4f}  "
-                       f"test acc {metrics['test_acc']:.4f}  ({metrics['images_per_s']:.0f} img/s)")
+                       f"{test}({metrics['images_per_s']:.0f} img/s)")
         if ckpt is not None:
             save_torch(ckpt, {"fingerprint": fingerprint, "epoch": epoch, "history": history,
                                     "model": model.state_dict(), "optimizer": opt.state_dict()})

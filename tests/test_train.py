@@ -115,3 +115,22 @@ def test_bad_config_is_refused_before_training():
         si.TrainConfig(amp="fp8")
     with pytest.raises(ValueError, match="randaugment='rand-x'"):
         si.TrainConfig(randaugment="rand-x")
+
+
+def test_eval_every_evaluates_on_schedule_and_always_last(digits):
+    _, hist = _run(digits, epochs=5, eval_every=2)
+    assert [h["epoch"] for h in hist if "test_acc" in h] == [2, 4, 5]
+    assert all("train_loss" in h for h in hist)
+    with pytest.raises(ValueError, match="eval_every=0"):
+        si.TrainConfig(eval_every=0)
+
+
+def test_import_structinit_is_light_until_a_model_is_needed():
+    """download/aggregate import structinit.data / .report only: no timm start-up cost."""
+    import subprocess
+    import sys
+    code = ("import sys, structinit, structinit.data, structinit.report; "
+            "assert 'timm' not in sys.modules, 'timm imported'; "
+            "structinit.create_vit; assert 'timm' in sys.modules; "
+            "assert structinit.train.lr_at and 'TrainConfig' in dir(structinit)")
+    subprocess.run([sys.executable, "-c", code], check=True)
