@@ -8,6 +8,7 @@ Where things are:
     structinit/attention.py      attention maps and mass on each head's offset
     structinit/data.py           dataset registry (digits, cifar10, cifar100, svhn)
     structinit/train.py          the trainer
+    structinit/cpu_chunks.py     CPU: a batch as one single-threaded chunk per core
     structinit/report.py         the comparison tables
 
 The names below are imported on first use (PEP 562), not at `import structinit`: timm and
@@ -27,7 +28,8 @@ _EXPORTS = {
     ".train": ("TrainConfig", "default_device", "train_model"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-_SUBMODULES = ("attention", "augment", "data", "init", "io", "models", "pipeline", "report", "train")
+_SUBMODULES = ("attention", "augment", "cpu_chunks", "data", "init", "io", "models", "pipeline",
+               "report", "train")
 __all__ = list(_MODULE_OF)
 
 

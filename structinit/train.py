@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .augment import RandAugmentPolicy, rand_augment, random_hflip
+from .cpu_chunks import ChunkedBackward, plan_cpu_chunks
 from .data import ImageData
 from .io import save_torch
 
@@ -45,6 +46,7 @@ class TrainConfig:
     amp: str = "auto"            # auto: bf16 autocast on CUDA, fp32 on CPU
     channels_last: bool = False
     compile: bool = False
+    cpu_chunks: str | int = "auto"  # CPU: run each batch as n single-threaded chunks (cpu_chunks.py)
     eval_every: int = 1          # test-set evaluation every n epochs (and always after the last)
     seed: int = 0
 
@@ -54,6 +56,9 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "eval_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
+        if self.cpu_chunks != "auto" and (isinstance(self.cpu_chunks, bool)
+                                          or not isinstance(self.cpu_chunks, int) or self.cpu_chunks < 1):
+            raise ValueError(f"cpu_chunks={self.cpu_chunks!r}: use 'auto' or a positive integer (1 = off)")
         if self.randaugment:
             RandAugmentPolicy.parse(self.randaugment)  # fail now, not mid-run
 
@@ -178,49 +183,80 @@ def train_model(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
 
     pipe = BatchPipeline(data, cfg, device)
     step_fn = torch.compile(model) if cfg.compile else model
+    chunks, how = plan_cpu_chunks(cfg.cpu_chunks, model, device, batch_size, cfg.compile)
+    if progress:
+        print(f"training on {device}: {how} per step")
+    chunked = (ChunkedBackward(model, chunks, cfg.label_smoothing, lambda: _autocast(cfg, device))
+               if chunks > 1 else None)
     model.train()
-    for epoch in range(start_epoch, cfg.epochs):
-        t0 = time.perf_counter()
-        gen = _epoch_generator(cfg.seed, epoch, device)
-        order = torch.randperm(n, device=device, generator=gen)
-        loss_sum = torch.zeros((), device=device)
-        correct = torch.zeros((), device=device, dtype=torch.long)
-        bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}/{cfg.epochs}",
-                   disable=not progress, leave=False, mininterval=1.0)
-        for i in bar:
-            step = epoch * steps_per_epoch + i
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, total_steps, warmup_steps, cfg)
-            batch = order[i * batch_size:(i + 1) * batch_size]
-            x = pipe.augment(train_x[batch], gen)
-            y = train_y[batch]
+    with chunked or contextlib.nullcontext():
+        for epoch in range(start_epoch, cfg.epochs):
+            metrics = _train_epoch(epoch, model, step_fn, chunked, opt, pipe,
+                                   train_x, train_y, batch_size, steps_per_epoch, total_steps,
+                                   warmup_steps, cfg, device, progress)
+            if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
+                t = time.perf_counter()
+                with chunked.all_threads() if chunked else contextlib.nullcontext():
+                    metrics.update(evaluate(model, test_x, test_y, pipe, cfg, device))
+                metrics["seconds"] += time.perf_counter() - t
+            history.append(metrics)
+            if progress:
+                test = f"test acc {metrics['test_acc']:.4f}  " if "test_acc" in metrics else ""
+                tqdm.write(f"epoch {epoch + 1}/{cfg.epochs}  loss {metrics['train_loss']:.4f}  "
+                           f"{test}({metrics['images_per_s']:.0f} img/s)")
+            if ckpt is not None:
+                save_torch(ckpt, {"fingerprint": fingerprint, "epoch": epoch, "history": history,
+                                  "model": model.state_dict(), "optimizer": opt.state_dict()})
+            if on_epoch_end:
+                on_epoch_end(metrics)
+    return history
+
+
+def _train_epoch(epoch, model, step_fn, chunked, opt, pipe, train_x, train_y, batch_size,
+                 steps_per_epoch, total_steps, warmup_steps, cfg, device, progress) -> dict:
+    """One pass over the (shuffled) training set; no host sync until its end."""
+    t0 = time.perf_counter()
+    gen = _epoch_generator(cfg.seed, epoch, device)
+    order = torch.randperm(len(train_y), device=device, generator=gen)
+    loss_sum = torch.zeros((), device=device)
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}/{cfg.epochs}",
+               disable=not progress, leave=False, mininterval=1.0)
+
+    def batch(i):                                     # batches drawn in order: gen's stream is fixed
+        if i == steps_per_epoch:
+            return None
+        rows = order[i * batch_size:(i + 1) * batch_size]
+        return pipe.augment(train_x[rows], gen), train_y[rows]
+
+    upcoming = batch(0)
+    for i in bar:
+        step = epoch * steps_per_epoch + i
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, total_steps, warmup_steps, cfg)
+        x, y = upcoming
+        if chunked is not None:
+            pending = chunked.submit(x, y)            # the chunks run on the pool threads...
+            upcoming = batch(i + 1)                   # ...while this one augments the next batch
+            batch_loss_sum, batch_correct = chunked.collect(pending)   # sets .grad
+        else:
             with _autocast(cfg, device):
                 logits = step_fn(x)
             loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            loss_sum += loss.detach() * len(y)
-            correct += (logits.argmax(-1) == y).sum()
-        seen = steps_per_epoch * batch_size
-        if device.type == "cuda":
-            torch.cuda.synchronize()                  # so train_seconds is the real time
-        metrics = {"epoch": epoch + 1, "lr": opt.param_groups[0]["lr"],
-                   "train_loss": loss_sum.item() / seen, "train_acc": correct.item() / seen}
-        train_seconds = time.perf_counter() - t0
-        if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
-            metrics.update(evaluate(model, test_x, test_y, pipe, cfg, device))
-        metrics.update(seconds=time.perf_counter() - t0, train_seconds=train_seconds,
-                       images_per_s=seen / train_seconds)
-        history.append(metrics)
-        if progress:
-            test = f"test acc {metrics['test_acc']:.4f}  " if "test_acc" in metrics else ""
-            tqdm.write(f"epoch {epoch + 1}/{cfg.epochs}  loss {metrics['train_loss']:.4f}  "
-                       f"{test}({metrics['images_per_s']:.0f} img/s)")
-        if ckpt is not None:
-            save_torch(ckpt, {"fingerprint": fingerprint, "epoch": epoch, "history": history,
-                                    "model": model.state_dict(), "optimizer": opt.state_dict()})
-        if on_epoch_end:
-            on_epoch_end(metrics)
-    return history
+            batch_loss_sum, batch_correct = loss.detach() * len(y), (logits.argmax(-1) == y).sum()
+            upcoming = batch(i + 1)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        loss_sum += batch_loss_sum
+        correct += batch_correct
+    seen = steps_per_epoch * batch_size
+    if device.type == "cuda":
+        torch.cuda.synchronize()                      # so train_seconds is the real time
+    metrics = {"epoch": epoch + 1, "lr": opt.param_groups[0]["lr"],
+               "train_loss": loss_sum.item() / seen, "train_acc": correct.item() / seen}
+    train_seconds = time.perf_counter() - t0
+    metrics.update(seconds=train_seconds, train_seconds=train_seconds,
+                   images_per_s=seen / train_seconds)
+    return metrics

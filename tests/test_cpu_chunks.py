@@ -1,0 +1,102 @@
+"""The CPU chunked step: same gradients as the full batch, refused where it would change the math."""
+import pytest
+import torch
+import torch.nn.functional as F
+from timm.layers import DropPath
+
+import structinit as si
+from conftest import small_vit
+from structinit.cpu_chunks import ChunkedBackward, plan_cpu_chunks
+from structinit.train import BatchPipeline, _autocast
+
+CPU = torch.device("cpu")
+
+
+def _batch(digits, n=64):
+    cfg = si.TrainConfig(randaugment=None)
+    return BatchPipeline(digits, cfg, CPU).normalize(digits.train_images[:n]), digits.train_labels[:n]
+
+
+def test_chunked_gradient_is_the_full_batch_gradient(digits):
+    model = small_vit()
+    si.initialize(model, "impulse", seed=0)
+    x, y = _batch(digits, 60)                               # 60 / 3: chunks of 20
+    logits = model(x)
+    loss = F.cross_entropy(logits, y, label_smoothing=0.1)
+    loss.backward()
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # pos_embed: frozen
+    full = {n: p.grad.clone() for n, p in trained}
+    model.zero_grad(set_to_none=True)
+    cfg = si.TrainConfig()
+    with ChunkedBackward(model, 3, 0.1, lambda: _autocast(cfg, CPU)) as chunked:
+        loss_sum, correct = chunked.backward(x, y)
+    assert loss_sum.item() == pytest.approx(loss.item() * 60, rel=1e-5)
+    assert correct.item() == (logits.argmax(-1) == y).sum().item()
+    for n, p in trained:
+        torch.testing.assert_close(p.grad, full[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_chunked_training_tracks_the_unchunked_run(digits):
+    """Two optimizer steps: the weights agree to float noise, not just "both trained"."""
+    models = []
+    for chunks in (1, 2):
+        model = small_vit()
+        si.initialize(model, "trunc_normal", seed=0)
+        cfg = si.TrainConfig(epochs=1, batch_size=64, warmup_epochs=0, lr=1e-3, randaugment=None,
+                             hflip=False, cpu_chunks=chunks)
+        si.train_model(model, digits, cfg, device="cpu", train_indices=torch.arange(128), progress=False)
+        models.append(model)
+    init = small_vit()
+    si.initialize(init, "trunc_normal", seed=0)
+    moved = max((a - b).abs().max().item() for a, b in zip(models[0].parameters(), init.parameters()))
+    assert moved > 1e-4                                       # the steps did move the weights
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_auto_uses_one_chunk_per_thread_on_cpu_only():
+    model = small_vit()
+    torch.set_num_threads(2)
+    assert plan_cpu_chunks("auto", model, CPU, 64, compiled=False)[0] == 2
+    assert plan_cpu_chunks("auto", model, CPU, 16, compiled=False)[0] == 1    # chunks too small
+    assert plan_cpu_chunks("auto", model, torch.device("cuda"), 64, compiled=False)[0] == 1
+    assert plan_cpu_chunks("auto", model, CPU, 64, compiled=True)[0] == 1
+    torch.set_num_threads(1)
+    assert plan_cpu_chunks("auto", model, CPU, 64, compiled=False)[0] == 1
+
+
+def test_models_whose_forward_couples_samples_are_not_split():
+    convmixer = si.create_convmixer(dim=16, depth=1, kernel_size=3, patch_size=1, num_classes=10,
+                                    in_chans=1)
+    chunks, why = plan_cpu_chunks("auto", convmixer, CPU, 64, compiled=False)
+    assert chunks == 1 and "BatchNorm2d" in why
+    with pytest.raises(ValueError, match="cpu_chunks=2 .*BatchNorm2d"):
+        plan_cpu_chunks(2, convmixer, CPU, 64, compiled=False)
+    dropout = small_vit()
+    dropout.blocks[1].mlp.drop1.p = 0.1
+    chunks, why = plan_cpu_chunks("auto", dropout, CPU, 64, compiled=False)
+    assert chunks == 1 and "blocks.1.mlp.drop1 is Dropout(p=0.1)" in why
+    drop_path = small_vit()
+    drop_path.blocks[0].drop_path1 = DropPath(0.2)
+    chunks, why = plan_cpu_chunks("auto", drop_path, CPU, 64, compiled=False)
+    assert chunks == 1 and "DropPath(p=0.2)" in why
+    assert plan_cpu_chunks("auto", small_vit(), CPU, 64, compiled=False)[0] == 2   # p=0: fine
+
+
+def test_threads_are_restored_even_when_training_stops_midway(digits):
+    torch.set_num_threads(2)
+
+    def stop(metrics):
+        raise KeyboardInterrupt
+
+    cfg = si.TrainConfig(epochs=2, batch_size=64, randaugment=None, hflip=False)
+    with pytest.raises(KeyboardInterrupt):
+        si.train_model(small_vit(), digits, cfg, device="cpu", train_indices=torch.arange(128),
+                       progress=False, on_epoch_end=stop)
+    assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("bad", [0, -1, "two", True, 1.5])
+def test_bad_cpu_chunks_is_refused(bad):
+    with pytest.raises(ValueError, match=f"cpu_chunks={bad!r}"):
+        si.TrainConfig(cpu_chunks=bad)
