@@ -50,8 +50,9 @@ def plan_cpu_chunks(setting: str | int, model: torch.nn.Module, device: torch.de
     wanted = setting if explicit else min(torch.get_num_threads(), batch_size // MIN_CHUNK)
     if wanted <= 1:
         return 1, "one chunk"
+    if device.type != "cpu":                      # the same params.yaml runs on CPU and GPU
+        return 1, f"one chunk (cpu_chunks applies to CPU only, this is {device.type})"
     blockers = [
-        (device.type != "cpu", f"device is {device.type}, chunks are a CPU-only scheme"),
         (compiled, "compile=True (a compiled model is not run from several threads)"),
         (wanted > batch_size, f"more chunks than the batch has images ({batch_size})"),
     ]

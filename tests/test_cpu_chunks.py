@@ -60,6 +60,7 @@ def test_auto_uses_one_chunk_per_thread_on_cpu_only():
     assert plan_cpu_chunks("auto", model, CPU, 64, compiled=False)[0] == 2
     assert plan_cpu_chunks("auto", model, CPU, 16, compiled=False)[0] == 1    # chunks too small
     assert plan_cpu_chunks("auto", model, torch.device("cuda"), 64, compiled=False)[0] == 1
+    assert plan_cpu_chunks(2, model, torch.device("cuda"), 64, compiled=False)[0] == 1   # no error
     assert plan_cpu_chunks("auto", model, CPU, 64, compiled=True)[0] == 1
     torch.set_num_threads(1)
     assert plan_cpu_chunks("auto", model, CPU, 64, compiled=False)[0] == 1
