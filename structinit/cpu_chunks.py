@@ -23,8 +23,9 @@ import contextlib
 import functools
 from concurrent.futures import ThreadPoolExecutor
 
+from typing import Callable
+
 import torch
-import torch.nn.functional as F
 
 MIN_CHUNK = 16          # below this, per-chunk Python overhead eats the gain
 
@@ -71,9 +72,11 @@ class ChunkedBackward:
     (process-wide: torch.set_num_threads), restored on exit.
     """
 
-    def __init__(self, model: torch.nn.Module, chunks: int, label_smoothing: float, autocast):
-        self.model, self.chunks = model, chunks
-        self.label_smoothing, self.autocast = label_smoothing, autocast
+    def __init__(self, model: torch.nn.Module, chunks: int,
+                 forward_loss: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]):
+        """forward_loss(x, y) -> (mean loss, logits): the trainer's own, run on each chunk's thread
+        (so whatever it enters, e.g. autocast, which is per thread, applies there)."""
+        self.chunks, self.forward_loss = chunks, forward_loss
         self.params = [p for p in model.parameters() if p.requires_grad]
         self._pool: ThreadPoolExecutor | None = None
         self._threads = None
@@ -98,9 +101,7 @@ class ChunkedBackward:
             torch.set_num_threads(1)
 
     def _one_chunk(self, x, y, weight):
-        with self.autocast():                     # autocast state is per thread
-            logits = self.model(x)
-        loss = F.cross_entropy(logits.float(), y, label_smoothing=self.label_smoothing)
+        loss, logits = self.forward_loss(x, y)
         grads = torch.autograd.grad(loss * weight, self.params, allow_unused=True)
         return grads, loss.detach() * len(y), (logits.argmax(-1) == y).sum()
 

@@ -153,11 +153,7 @@ def train_model(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
     train_x = data.train_images[idx].to(device)
     train_y = data.train_labels[idx].to(device)
     test_x, test_y = data.test_images.to(device), data.test_labels.to(device)
-    n = len(train_y)
-    batch_size = min(cfg.batch_size, n)
-    steps_per_epoch = n // batch_size                 # drop the ragged tail: static shapes
-    total_steps = steps_per_epoch * cfg.epochs
-    warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
+    batch_size = min(cfg.batch_size, len(train_y))
 
     model.to(device)
     if cfg.channels_last:
@@ -186,14 +182,13 @@ def train_model(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
     chunks, how = plan_cpu_chunks(cfg.cpu_chunks, model, device, batch_size, cfg.compile)
     if progress:
         print(f"training on {device}: {how} per step")
-    chunked = (ChunkedBackward(model, chunks, cfg.label_smoothing, lambda: _autocast(cfg, device))
+    chunked = (ChunkedBackward(model, chunks, lambda x, y: _forward_loss(model, x, y, cfg, device))
                if chunks > 1 else None)
     model.train()
     with chunked or contextlib.nullcontext():
         for epoch in range(start_epoch, cfg.epochs):
-            metrics = _train_epoch(epoch, model, step_fn, chunked, opt, pipe,
-                                   train_x, train_y, batch_size, steps_per_epoch, total_steps,
-                                   warmup_steps, cfg, device, progress)
+            metrics = _train_epoch(epoch, model, step_fn, chunked, opt, pipe, train_x, train_y,
+                                   batch_size, cfg, device, progress)
             if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
                 t = time.perf_counter()
                 with chunked.all_threads() if chunked else contextlib.nullcontext():
@@ -212,10 +207,20 @@ def train_model(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
     return history
 
 
+def _forward_loss(model, x, y, cfg: TrainConfig, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean label-smoothed loss, logits) of one batch: the training objective."""
+    with _autocast(cfg, device):
+        logits = model(x)
+    return F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing), logits
+
+
 def _train_epoch(epoch, model, step_fn, chunked, opt, pipe, train_x, train_y, batch_size,
-                 steps_per_epoch, total_steps, warmup_steps, cfg, device, progress) -> dict:
+                 cfg, device, progress) -> dict:
     """One pass over the (shuffled) training set; no host sync until its end."""
     t0 = time.perf_counter()
+    steps_per_epoch = len(train_y) // batch_size      # drop the ragged tail: static shapes
+    total_steps = steps_per_epoch * cfg.epochs
+    warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
     gen = _epoch_generator(cfg.seed, epoch, device)
     order = torch.randperm(len(train_y), device=device, generator=gen)
     loss_sum = torch.zeros((), device=device)
@@ -240,9 +245,7 @@ def _train_epoch(epoch, model, step_fn, chunked, opt, pipe, train_x, train_y, ba
             upcoming = batch(i + 1)                   # ...while this one augments the next batch
             batch_loss_sum, batch_correct = chunked.collect(pending)   # sets .grad
         else:
-            with _autocast(cfg, device):
-                logits = step_fn(x)
-            loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
+            loss, logits = _forward_loss(step_fn, x, y, cfg, device)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             batch_loss_sum, batch_correct = loss.detach() * len(y), (logits.argmax(-1) == y).sum()

@@ -7,7 +7,7 @@ from timm.layers import DropPath
 import structinit as si
 from conftest import small_vit
 from structinit.cpu_chunks import ChunkedBackward, plan_cpu_chunks
-from structinit.train import BatchPipeline, _autocast
+from structinit.train import BatchPipeline, _forward_loss
 
 CPU = torch.device("cpu")
 
@@ -27,8 +27,8 @@ def test_chunked_gradient_is_the_full_batch_gradient(digits):
     trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # pos_embed: frozen
     full = {n: p.grad.clone() for n, p in trained}
     model.zero_grad(set_to_none=True)
-    cfg = si.TrainConfig()
-    with ChunkedBackward(model, 3, 0.1, lambda: _autocast(cfg, CPU)) as chunked:
+    cfg = si.TrainConfig(label_smoothing=0.1)
+    with ChunkedBackward(model, 3, lambda xc, yc: _forward_loss(model, xc, yc, cfg, CPU)) as chunked:
         loss_sum, correct = chunked.backward(x, y)
     assert loss_sum.item() == pytest.approx(loss.item() * 60, rel=1e-5)
     assert correct.item() == (logits.argmax(-1) == y).sum().item()
