@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from stages.common import impulse_name, load_params, read_cell, recipe, run_stage, write_json, write_text
-from structinit import report
+from stages.common import impulse_name, load_params, read_cell, run_stage, write_json, write_text
+from structinit import report, stats
 
 
 def read_grid_cell(results: Path, dataset: str, init: str, seed: int) -> tuple[dict, pd.DataFrame]:
@@ -23,6 +23,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--results", default="results/train")
     ap.add_argument("--preopt", default="results/preopt")
+    ap.add_argument("--reference", default="results/reference", help="reference_solve records")
     ap.add_argument("--out", default="reports")
     a = ap.parse_args()
     params = load_params()
@@ -40,31 +41,42 @@ def main():
         raise SystemExit(f"missing results for {len(missing)} cell(s): {missing}")
     rows, curves = zip(*(read_grid_cell(Path(a.results), *e) for e in expected))
     cells = pd.DataFrame(rows)
-    preopt = pd.DataFrame([json.loads((Path(a.preopt) / f"{d}-{k}-{s}.json").read_text())
-                           for d, k, s in itertools.product(grid["datasets"], grid["kernels"], grid["seeds"])])
+    solves = list(itertools.product(grid["datasets"], grid["kernels"], grid["seeds"]))
+    preopt = pd.DataFrame([json.loads((Path(a.preopt) / f"{d}-{k}-{s}.json").read_text()) for d, k, s in solves])
+    reference = [json.loads((Path(a.reference) / f"{d}-{k}-{s}.json").read_text()) for d, k, s in solves]
+    preopt["official_target_mass"] = [r["target_mass"] for r in reference]
+    preopt["official_loss"] = [r["loss"] for r in reference]
 
     out = Path(a.out)
-    shapes = {ds: (recipe(params, ds)["train"]["epochs"], recipe(params, ds)["model"]) for ds in grid["datasets"]}
-    what = "; ".join(f"{ds}: {ep} epochs, ViT patch {m['patch_size']}/width {m['embed_dim']}"
-                     f"/depth {m['depth']}/{m['num_heads']} heads" for ds, (ep, m) in shapes.items())
-    run = (f"Seeds {grid['seeds']}; training images per dataset: {params['data']['train_size'] or 'all'}; "
-           f"{what}. Structured init: solver {params['init']['solver']}, pseudo-input "
-           f"{params['init']['pseudo_input']}, offsets {params['init']['offsets']}.")
+    run = report.what_ran(params, grid["datasets"], grid["seeds"])
+    comparisons = report.main_comparisons(cells, grid["datasets"], inits)
     write_text(out / "main_table.md",
                "# Main table: test accuracy (%) by initializer\n\n"
-               "Final-epoch top-1, mean ± std over seeds; in brackets the difference to Trunc Normal. "
-               "\"paper\" is the paper's single-run number (ViT-T/2, 200 epochs) where it has one.\n\n"
+               "Final-epoch top-1, mean ± std over seeds; in brackets the difference to Trunc Normal; "
+               "95% CI = t-interval of the mean; n = seeds. \"paper\" is the paper's single-run "
+               "number (ViT-T/2, 200 epochs) where it has one.\n\n"
                f"What ran: {run}\n\n"
-               + report.main_table(cells, grid["datasets"], inits, ours) + "\n")
+               + report.main_table(cells, grid["datasets"], inits, ours) + "\n\n"
+               + stats.conclusions_block(comparisons, report.label))
+    kernel_cmp = [c for c in comparisons if c.a.startswith("impulse") and c.b.startswith("impulse")]
     write_text(out / "kernel_table.md",
                "# Structured init by kernel size\n\n"
                f"What ran: {run}\n\n"
-               + report.kernel_table(cells, preopt, grid["datasets"], grid["kernels"], kernel) + "\n")
+               "init target mass: mean attention on the target key of the init that ran; official "
+               "solver's mass: the paper's own solver (10,000 Adam steps) on the same shape, offsets "
+               "and seeds (stage reference_solve).\n\n"
+               + report.kernel_table(cells, preopt, grid["datasets"], grid["kernels"], kernel) + "\n\n"
+               + stats.conclusions_block(kernel_cmp, report.label))
     write_text(out / "preopt_table.md",
                "# Pre-optimization (Q/K solve) per configuration\n\n"
                "fit = MSE between the solved maps and the impulse targets on the pseudo-input; "
-               "target mass = mean attention on the target key (rows with a target).\n\n"
+               "target mass = mean attention on the target key (rows with a target). "
+               "official = the paper's own solver (10,000 Adam steps, stage reference_solve) on the "
+               "same shape, offsets and seed; the structured init is meant to match its softness.\n\n"
+               f"Structured init: {report.init_description(params['init'])}.\n\n"
                + report.preopt_table(preopt) + "\n")
+    write_json(out / "conclusions.json", {"test": stats.TEST, "alpha": stats.ALPHA,
+                                          "comparisons": [c.to_dict() for c in comparisons]})
     write_json(out / "summary.json", report.summary(cells, grid["datasets"], inits, ours))
     pd.concat(curves)[["cell", "epoch", "acc"]].rename(columns={"acc": "test_acc"}).to_csv(
         out / "curves.csv", index=False)

@@ -68,3 +68,4 @@ def read_cell(cell: Path):
     return ({"acc": 100 * metrics["final_test_acc"], "best_acc": 100 * metrics["best_test_acc"],
              "epochs": int(metrics["step"]) + 1},
             curve.assign(cell=cell.name, epoch=curve.step + 1))
+

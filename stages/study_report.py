@@ -13,17 +13,22 @@ from pathlib import Path
 import pandas as pd
 
 from stages.common import load_params, read_cell, recipe, run_stage, write_text
-from structinit import report
+from structinit import report, stats
 
 STUDIES = ("convmixer", "pseudo_input", "heads_width")
 
 
+SOFTNESS_CAVEAT = (
+    "Softness: the closed form follows the official solver's softness for the P pseudo-input "
+    "(softness law). On U, G, A and B the official solver's maps are sharper (digits shape: "
+    "benchmarks/softness_law.csv), so the non-P rows compare pseudo-inputs at P's softness; "
+    "`-S init.solver=adam` runs the official solver on each.\n\n")
+
+
 def _what_ran(params, study, extra=""):
     s = params["studies"][study]
-    eps = {ds: recipe(params, ds)["train"]["epochs"] for ds in s["datasets"]}
-    return (f"What ran: datasets {s['datasets']}, seeds {s['seeds']}, epochs {eps}, training images "
-            f"per dataset: {params['data']['train_size'] or 'all'}{extra}. Final-epoch test accuracy (%), "
-            "mean ± std over seeds (n=1: one seed).")
+    return ("What ran: " + report.what_ran(params, s["datasets"], s["seeds"], extra, vit=study != "convmixer") + " Final-epoch test "
+            "accuracy (%), mean ± std over seeds, 95% CI = t-interval of the mean, n = seeds.")
 
 
 def _collect(expected):
@@ -43,9 +48,10 @@ def convmixer(params, main, studies):
             "Why impulse filters: depthwise k×k filters learned, or frozen random U(±1/k), frozen "
             "impulse (one-hot) or frozen box (all taps equal); channel mixing always learned. "
             "[paper] = CIFAR-10 numbers quoted from the paper.\n\n"
-            + _what_ran(params, "convmixer", f"; sizes: {sizes}") + "\n\n"
+            + _what_ran(params, "convmixer", f"ConvMixer sizes: {sizes}") + "\n\n"
             + report.study_table(cells, "size", "mode", s["sizes"], s["modes"],
-                                 report.PAPER_CONVMIXER, "cifar10") + "\n")
+                                 report.PAPER_CONVMIXER, "cifar10") + "\n\n"
+            + stats.conclusions_block(report.study_comparisons(cells, "mode", within="size")))
 
 
 def pseudo_input(params, main, studies):
@@ -67,10 +73,12 @@ def pseudo_input(params, main, studies):
             "Pseudo-input of the first block → of the later blocks (P: sin-cos encoding, U: uniform, "
             "G: truncated normal, A = P+U, B = P+G), one Q/K solve shared by every block or one per "
             "block. [paper] = CIFAR-10, PE everywhere with shared Q/K.\n\n"
-            + _what_ran(params, "pseudo_input", f"; kernel {k}, solver {init['solver']}") + "\n\n"
+            + _what_ran(params, "pseudo_input", f"Kernel {k}") + "\n\n"
+            + (SOFTNESS_CAVEAT if init["solver"] == "closed_form" else "")
             + report.study_table(cells, "variant", "kernel", variants, [f"Imp.-{k}"],
                                  {"PP": {"Imp.-3": report.PAPER_PSEUDO_INPUT["PP"]}}, "cifar10",
-                                 row_label=label) + "\n")
+                                 row_label=label) + "\n\n"
+            + stats.conclusions_block(report.study_comparisons(cells, "variant"), label))
 
 
 def heads_width(params, main, studies):
@@ -86,9 +94,10 @@ def heads_width(params, main, studies):
     return ("# Heads and width: structured init vs baselines\n\n"
             "Each shape overrides the dataset recipe's model; \"recipe\" rows are the main grid's "
             "cells. [paper] = CIFAR-100 numbers quoted from the paper.\n\n"
-            + _what_ran(params, "heads_width", f"; {recipes}; {desc}") + "\n\n"
+            + _what_ran(params, "heads_width", f"{recipes}; {desc}") + "\n\n"
             + report.study_table(cells, "shape", "init", shapes, list(s["inits"]),
-                                 report.PAPER_HEADS_WIDTH, "cifar100", col_label=report.label) + "\n")
+                                 report.PAPER_HEADS_WIDTH, "cifar100", col_label=report.label) + "\n\n"
+            + stats.conclusions_block(report.study_comparisons(cells, "init", within="shape"), report.label))
 
 
 def main():

@@ -71,6 +71,21 @@ def build(a, params, rec, spec):
     return model, {"model": "vit", **model_cfg, **record.to_dict()}
 
 
+def without_timings(obj):
+    """A copy of a record without its wall-clock fields (any key ending in "seconds")."""
+    if isinstance(obj, dict):
+        return {k: without_timings(v) for k, v in obj.items() if not str(k).endswith("seconds")}
+    if isinstance(obj, (list, tuple)):
+        return [without_timings(v) for v in obj]
+    return obj
+
+
+def cell_fingerprint(init_record: dict, subset) -> dict:
+    """What a checkpoint must match to be resumed: configuration only, never timings (a
+    solve's seconds change on every run, and resume would silently never happen)."""
+    return {"init": without_timings(init_record), "subset": [int(i) for i in subset]}
+
+
 def main():
     a = parse_args()
     params = load_params()
@@ -96,7 +111,7 @@ def main():
             live.next_step()
 
         history = train_model(model, data, cfg, train_indices=subset, checkpoint_path=ckpt,
-                              fingerprint={"init": init_record, "subset": subset.tolist()},
+                              fingerprint=cell_fingerprint(init_record, subset),
                               on_epoch_end=log)
         live.summary["best_test_acc"] = max(h["test_acc"] for h in history if "test_acc" in h)
         live.summary["final_test_acc"] = history[-1]["test_acc"]

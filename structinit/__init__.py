@@ -29,7 +29,7 @@ _EXPORTS = {
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 _SUBMODULES = ("attention", "augment", "cpu_chunks", "data", "init", "io", "models", "pipeline",
-               "report", "train")
+               "report", "stats", "train")
 __all__ = list(_MODULE_OF)
 
 

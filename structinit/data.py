@@ -121,9 +121,16 @@ def stratified_subset(labels: torch.Tensor, size: float | int | None, seed: int)
                          f"(at least one per class, at most the {n} training images)")
     gen = torch.Generator().manual_seed(seed)
     per_class = [torch.nonzero(labels == c).flatten() for c in classes]
-    exact = torch.tensor([len(ix) * count / n for ix in per_class])
-    take = exact.floor().long().clamp(min=1)
-    for i in torch.argsort(exact - exact.floor(), descending=True)[: count - int(take.sum())]:
+    sizes = torch.tensor([len(ix) for ix in per_class])
+    exact = sizes * count / n
+    take = exact.floor().long().clamp(min=1)              # every class keeps one image
+    # Largest remainder up to `count`; when the one-per-class floor overshoots (rare
+    # classes on imbalanced labels), take the excess back from the classes furthest above
+    # their exact share, never below one image.
+    for i in torch.argsort(exact - exact.floor(), descending=True)[: max(0, count - int(take.sum()))]:
         take[i] += 1
+    while int(take.sum()) > count:
+        over = torch.where(take > 1, take - exact, torch.full_like(exact, -float("inf")))
+        take[int(torch.argmax(over))] -= 1
     chosen = [ix[torch.randperm(len(ix), generator=gen)[:t]] for ix, t in zip(per_class, take)]
     return torch.sort(torch.cat(chosen)).values

@@ -2,12 +2,17 @@
 
 A cell is one trained run: (dataset, init, seed) with init one of the baselines or
 "impulse<k>". Accuracy is the *final-epoch* test accuracy (no model selection on the test
-set), in percent, as mean +- std over seeds (std with ddof=1; "n=1" when one seed).
+set), in percent, as mean +- std over seeds (std with ddof=1), with n and a 95 % t-interval; which
+differences the seeds support is decided in stats.py.
 """
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pandas as pd
 from tabulate import tabulate
+
+from .stats import Comparison, compare_all, summarize
 
 # The paper's main table (method page, section 7), top-1 %.
 PAPER_MAIN = {
@@ -24,18 +29,22 @@ def label(init: str) -> str:
     return LABELS.get(init) or f"Imp.-{init.removeprefix('impulse')}"
 
 
-def seed_stats(cells: pd.DataFrame, value: str = "acc") -> pd.DataFrame:
-    """(dataset, init) -> mean, std, n of `value` over seeds."""
-    g = cells.groupby(["dataset", "init"], sort=False)[value]
-    return pd.DataFrame({"mean": g.mean(), "std": g.std(ddof=1).fillna(0.0), "n": g.count()})
+def seed_stats(cells: pd.DataFrame, value: str = "acc", keys=("dataset", "init")) -> pd.DataFrame:
+    """keys -> mean, std (ddof=1), n and 95 % t-interval of `value` over seeds."""
+    rows = {key: asdict(summarize(g[value])) for key, g in cells.groupby(list(keys), sort=False)}
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis(list(keys))
 
 
-def _fmt(mean: float, std: float, n: int) -> str:
-    return f"{mean:.2f} ± {std:.2f}" if n > 1 else f"{mean:.2f} (n=1)"
+def _fmt(s) -> str:
+    return f"{s['mean']:.2f} ± {s['std']:.2f}" if s["n"] > 1 else f"{s['mean']:.2f}"
+
+
+def _ci(s) -> str:
+    return f"[{s['ci_low']:.2f}, {s['ci_high']:.2f}]" if s["n"] > 1 else "—"
 
 
 def main_table(cells: pd.DataFrame, datasets: list[str], inits: list[str], ours: str) -> str:
-    """Rows = initializers, columns = datasets: ours (delta vs Trunc Normal) | paper."""
+    """Rows = initializers; per dataset: mean ± std (delta vs Trunc Normal), 95 % CI, n, paper."""
     stats = seed_stats(cells)
     rows = []
     for init in inits:
@@ -43,18 +52,29 @@ def main_table(cells: pd.DataFrame, datasets: list[str], inits: list[str], ours:
         for ds in datasets:
             s = stats.loc[(ds, init)]
             base = stats.loc[(ds, "trunc_normal"), "mean"] if (ds, "trunc_normal") in stats.index else None
-            cell = _fmt(s["mean"], s["std"], int(s["n"]))
+            cell = _fmt(s)
             if base is not None and init != "trunc_normal":
                 cell += f" ({s['mean'] - base:+.2f})"
             paper = PAPER_MAIN.get(init, {}).get(ds)
-            row += [cell, f"{paper:.2f}" if paper is not None else "—"]
+            row += [cell, _ci(s), int(s["n"]), f"{paper:.2f}" if paper is not None else "—"]
         rows.append(row)
-    headers = ["Method"] + [h for ds in datasets for h in (f"{ds} (ours)", f"{ds} (paper)")]
+    headers = ["Method"] + [h for ds in datasets
+                            for h in (f"{ds}: ours", "95% CI", "n", f"{ds}: paper")]
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def main_comparisons(cells: pd.DataFrame, datasets: list[str], inits: list[str]) -> list[Comparison]:
+    """Every pair of initializers, per dataset (one Holm family per dataset)."""
+    out = []
+    for ds in datasets:
+        sub = cells[cells.dataset == ds]
+        out += compare_all({i: sub[sub.init == i].acc.tolist() for i in inits}, family=ds)
+    return out
 
 
 def kernel_table(cells: pd.DataFrame, preopt: pd.DataFrame, datasets: list[str],
                  kernels: list[int], ours_kernel: int) -> str:
+    """Per kernel: accuracy, and the init's softness beside the official solver's (same seeds)."""
     stats = seed_stats(cells)
     rows = []
     for ds in datasets:
@@ -62,34 +82,88 @@ def kernel_table(cells: pd.DataFrame, preopt: pd.DataFrame, datasets: list[str],
         for k in kernels:
             s = stats.loc[(ds, f"impulse{k}")]
             p = preopt[(preopt.dataset == ds) & (preopt.kernel == k)]
-            rows.append([ds, k, "yes" if k == ours_kernel else "", _fmt(s["mean"], s["std"], int(s["n"])),
+            rows.append([ds, k, "yes" if k == ours_kernel else "", _fmt(s), _ci(s), int(s["n"]),
                          f"{s['mean'] - base:+.2f}" if base is not None else "—",
-                         f"{p.target_mass.mean():.3f}", f"{p.loss.mean():.5f}"])
-    return tabulate(rows, headers=["dataset", "kernel", "ours", "test acc %", "Δ vs Trunc Normal",
-                                   "init target mass", "init fit (MSE)"],
+                         f"{p.target_mass.mean():.3f}", f"{p.official_target_mass.mean():.3f}",
+                         f"{p.loss.mean():.5f}"])
+    return tabulate(rows, headers=["dataset", "kernel", "ours", "test acc %", "95% CI", "n",
+                                   "Δ vs Trunc Normal", "init target mass", "official solver's mass",
+                                   "init fit (MSE)"],
                     tablefmt="github", disable_numparse=True)
 
 
 def preopt_table(preopt: pd.DataFrame) -> str:
-    rows = [[r.dataset, r.kernel, r.seed, r.solver, f"{r.solve_seconds:.3f}", f"{r.loss:.5f}",
-             f"{r.target_mass:.3f}", r.solves] for r in preopt.itertuples()]
-    return tabulate(rows, headers=["dataset", "kernel", "seed", "solver", "solve s", "fit (MSE)",
-                                   "target mass", "solves"], tablefmt="github", disable_numparse=True)
+    rows = [[r.dataset, r.kernel, r.seed, r.solver, f"{r.loss:.5f}", f"{r.target_mass:.3f}",
+             f"{r.official_target_mass:.3f}", f"{r.target_mass - r.official_target_mass:+.3f}",
+             f"{r.official_loss:.5f}", r.solves] for r in preopt.itertuples()]
+    return tabulate(rows, headers=["dataset", "kernel", "seed", "solver", "fit (MSE)", "target mass",
+                                   "official solver's mass", "difference", "official fit (MSE)",
+                                   "solves"], tablefmt="github", disable_numparse=True)
 
 
 def summary(cells: pd.DataFrame, datasets: list[str], inits: list[str], ours: str) -> dict:
-    """Headline numbers for `dvc metrics show/diff`: per dataset, each init's mean and
-    std, and `ours` (the structured init at init.kernel) with its delta to Trunc Normal."""
+    """Headline numbers for `dvc metrics show/diff`: per dataset, each init's mean, std, n
+    and 95 % interval, and `ours` (the structured init at init.kernel) with its delta to
+    Trunc Normal."""
     stats = seed_stats(cells)
     out: dict = {}
     for ds in datasets:
-        d = {init: {"acc": round(stats.loc[(ds, init), "mean"], 3), "std": round(stats.loc[(ds, init), "std"], 3)}
-             for init in inits}
+        d = {}
+        for init in inits:
+            s = stats.loc[(ds, init)]
+            d[init] = {"acc": round(s["mean"], 3), "std": round(s["std"], 3), "n": int(s["n"]),
+                       "ci95": [round(s["ci_low"], 3), round(s["ci_high"], 3)] if s["n"] > 1 else None}
         d["ours"] = {"init": ours, **d[ours]}
         if "trunc_normal" in d:
             d["ours"]["delta_vs_trunc_normal"] = round(d[ours]["acc"] - d["trunc_normal"]["acc"], 3)
         out[ds] = d
     return out
+
+
+# --- "What ran": how a run departs from the paper ------------------------------------------
+
+# Recipe keys that change no result (how the run is scheduled, not what it computes).
+_NOT_RECIPE = ("amp", "eval_every", "cpu_chunks", "compile", "channels_last", "seed")
+
+def recipe_departures(rec: dict) -> list[str]:
+    """How a dataset's recipe departs from the paper's (TrainConfig's defaults, ViT-T/2)."""
+    import dataclasses
+
+    from structinit.models.vit import VIT_T2
+    from structinit.train import TrainConfig
+
+    paper = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    out = [f"{k} {v} (paper {paper[k]})" for k, v in rec["train"].items()
+           if k in paper and k not in _NOT_RECIPE and v != paper[k]]
+    model = {k: v for k, v in rec["model"].items() if VIT_T2.get(k, v) != v}
+    if model:
+        out.append("model " + ", ".join(f"{k} {v} (paper {VIT_T2[k]})" for k, v in model.items()))
+    return out
+
+
+def init_description(init: dict) -> str:
+    """The structured init that ran, and its softness relative to the official solver's."""
+    solver = init["solver"]
+    text = f"solver {solver}, pseudo-input {init['pseudo_input']}, offsets {init['offsets']}"
+    if solver == "closed_form":
+        mass = (init.get("closed_form") or {}).get("target_mass")
+        text += (", softness = the official solver's for the shape (softness law)" if mass is None else
+                 f", softness target_mass={mass} (explicit override: departs from the official solver)")
+    elif (init.get("adam") or {}).get("early_stop"):
+        text += ", early stopping on (the official loop runs all steps)"
+    return text
+
+
+def what_ran(params: dict, datasets, seeds, extra: str = "", vit: bool = True) -> str:
+    """One paragraph for a report's "What ran": seeds, data, each recipe's departures, init."""
+    parts = [f"seeds {list(seeds)} (n = {len(seeds)}); training images per dataset: "
+             f"{params['data']['train_size'] or 'all'}"]
+    for ds in datasets:
+        rec = params["recipes"][ds]
+        dep = recipe_departures(rec if vit else {"train": rec["train"], "model": {}})
+        parts.append(f"{ds}: the paper's recipe" + (", departing in: " + "; ".join(dep) if dep else ", unchanged"))
+    parts.append("structured init: " + init_description(params["init"]))
+    return ". ".join(parts) + (f". {extra}" if extra else "") + "."
 
 
 # --- the paper's other studies (method page, sections 6-7) ------------------------------
@@ -107,20 +181,29 @@ PAPER_PSEUDO_INPUT = {"PP": 90.75}
 def study_table(cells: pd.DataFrame, row_key: str, col_key: str, rows: list, cols: list,
                 paper: dict | None = None, paper_dataset: str | None = None,
                 row_label=str, col_label=str) -> str:
-    """Mean ± std table: per dataset, one row per `row_key` value and one column per
-    `col_key` value; on `paper_dataset`, the paper's number in brackets where it has one."""
+    """Per dataset, one line per (`row_key`, `col_key`) value: mean ± std, 95 % CI, n, and on
+    `paper_dataset` the paper's number where it has one."""
+    stats = seed_stats(cells, keys=("dataset", row_key, col_key))
     out = []
     for ds in cells.dataset.unique():
-        sub = cells[cells.dataset == ds]
-        g = sub.groupby([row_key, col_key])["acc"]
-        stats = pd.DataFrame({"mean": g.mean(), "std": g.std(ddof=1).fillna(0.0), "n": g.count()})
         for r in rows:
-            line = [ds, row_label(r)]
             for c in cols:
-                s = stats.loc[(r, c)]
-                txt = _fmt(s["mean"], s["std"], int(s["n"]))
+                s = stats.loc[(ds, r, c)]
                 ref = (paper or {}).get(r, {}).get(c) if ds == paper_dataset else None
-                line.append(txt + (f" [paper {ref:.2f}]" if ref is not None else ""))
-            out.append(line)
-    return tabulate(out, headers=["dataset", row_key] + [col_label(c) for c in cols],
+                out.append([ds, row_label(r), col_label(c), _fmt(s), _ci(s), int(s["n"]),
+                            f"{ref:.2f}" if ref is not None else "—"])
+    return tabulate(out, headers=["dataset", row_key, col_key, "test acc %", "95% CI", "n", "paper"],
                     tablefmt="github", disable_numparse=True)
+
+
+def study_comparisons(cells: pd.DataFrame, group_key: str, within: str | None = None,
+                      label=str) -> list[Comparison]:
+    """Every pair of `group_key` values, per dataset (and per `within` value): one Holm family each."""
+    out = []
+    keys = ["dataset"] + ([within] if within else [])
+    for key, sub in cells.groupby(keys, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        family = ", ".join(str(k) for k in key)
+        groups = {g: sub[sub[group_key] == g].acc.tolist() for g in dict.fromkeys(sub[group_key])}
+        out += compare_all(groups, family=family)
+    return out

@@ -47,3 +47,20 @@ def test_filter_values_per_mode():
 def test_unknown_mode():
     with pytest.raises(ValueError, match="unknown filter_mode 'gabor'; choose one of"):
         si.create_convmixer(8, 1, 3, 2, 10, filter_mode="gabor")
+
+
+@pytest.mark.parametrize("mode", ["learned", "random"])
+def test_same_seed_same_convmixer_whatever_the_global_rng(mode):
+    """A study cell's model is a function of its seed alone (it was built under the unseeded
+    global RNG: cells differed run to run)."""
+    torch.manual_seed(1)
+    a = si.create_convmixer(16, 2, 3, 1, 10, in_chans=1, filter_mode=mode, seed=0)
+    torch.manual_seed(2)
+    b = si.create_convmixer(16, 2, 3, 1, 10, in_chans=1, filter_mode=mode, seed=0)
+    c = si.create_convmixer(16, 2, 3, 1, 10, in_chans=1, filter_mode=mode, seed=1)
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not all(torch.equal(sa[k], sc[k]) for k in sa if sa[k].is_floating_point())
+    state = torch.get_rng_state()
+    si.create_convmixer(16, 2, 3, 1, 10, in_chans=1, filter_mode=mode, seed=0)
+    assert torch.equal(state, torch.get_rng_state())      # the global RNG is not consumed

@@ -52,6 +52,8 @@ def tiny_repo(tmp_path_factory):
                         "studies.convmixer.modes": ["learned", "impulse"],
                         "convmixer_sizes.cm64d4k3": {"dim": 16, "depth": 1, "kernel_size": 3, "patch_size": 1},
                         "studies.pseudo_input.variants": ["UP"],
+                        "studies.convmixer.seeds": [0], "studies.pseudo_input.seeds": [0],
+                        "studies.heads_width.seeds": [0],
                         "studies.heads_width.shapes": ["h6"],
                         "studies.heads_width.inits": ["trunc_normal", "impulse3"]})
     sh(repo, "git", "init", "-q")
@@ -67,7 +69,16 @@ def test_repro_builds_reports_and_leaves_git_clean(tiny_repo):
     for row in ("Trunc Normal", "Imp.-3 (ours)", "Imp.-5"):
         assert row in table
     assert "Mimetic" not in table and "Kaiming" not in table       # only the grid's rows
-    assert "Seeds [0]; training images per dataset: 300" in table
+    assert "seeds [0] (n = 1); training images per dataset: 300" in table
+    assert "digits: the paper's recipe, departing in: epochs 3 (paper 200)" in table
+    assert "## Conclusions" in table and "not testable at n = 1" in table
+    preopt = (repo / "reports/preopt_table.md").read_text()
+    assert "official solver's mass" in preopt and "softness law" in preopt
+    assert "official solver's mass" in (repo / "reports/kernel_table.md").read_text()
+    reference = json.loads((repo / "results/reference/digits-3-0.json").read_text())
+    assert reference["steps_run"] == 10_000 and 0 < reference["target_mass"] < 1
+    conclusions = json.loads((repo / "reports/conclusions.json").read_text())
+    assert len(conclusions["comparisons"]) == 3             # 3 inits: 3 pairs
     summary = json.loads((repo / "reports/summary.json").read_text())
     assert summary["digits"]["ours"]["init"] == "impulse3"
     assert 0 < summary["digits"]["trunc_normal"]["acc"] <= 100
@@ -95,7 +106,7 @@ def test_study_stages_build_their_tables_reusing_main_cells(tiny_repo):
     assert "Running stage 'train_" not in r.stdout
     table = (repo / "reports/pseudo_input.md").read_text()
     assert "P → P, shared (main grid)" in table and "U → P, shared" in table
-    assert "seeds [0], epochs {'digits': 3}" in table
+    assert "seeds [0] (n = 1)" in table and "epochs 3 (paper 200)" in table
     r = sh(repo, "dvc", "repro")                              # everything else: the other two studies
     assert r.stdout.count("Running stage 'study_heads_width@") == 2      # h6 x 2 inits
     assert r.stdout.count("Running stage 'study_convmixer@") == 2

@@ -1,44 +1,133 @@
+import csv
+import math
 import time
+from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
+from timm.layers import build_sincos2d_pos_embed
 
-from structinit.init import solve_impulse_qk
-from structinit.init.solvers import PAPER_TARGET_MASS
+from benchmarks import softness_law
+from structinit.init import softness, solve_impulse_qk
+from structinit.init.solvers import solve_qk_adam, solve_qk_closed_form
+
+REPO = Path(__file__).resolve().parents[1]
 
 
-def _compare(grid, width, heads, adam_kw, **fast_kw):
-    adam = solve_impulse_qk(grid, width, heads, 1, kernel=3, solver="adam", seed=0, **adam_kw)
-    fast = solve_impulse_qk(grid, width, heads, 1, kernel=3, solver="closed_form", seed=0, **fast_kw)
-    return adam, fast
+def _official_loop(pe, offsets, grid, heads, generator, epochs, norm=100):
+    """The official `impulse_init` (osiriszjq/structured_init), restated: targets built
+    row by row, Q then K drawn U(-a, a), renormalised when i % norm == 0 before the step,
+    returned after the last Adam step."""
+    side = grid
+    n_tok = side * side
+    weight = torch.zeros(heads, n_tok, n_tok)
+    for h, (m, n) in enumerate(offsets):
+        for i in range(side):
+            for j in range(side):
+                if 0 <= i + m < side and 0 <= j + n < side:
+                    weight[h, i * side + j, (i + m) * side + (j + n)] = 1
+    dim = pe.shape[1]
+    rank = dim // heads
+    scale = rank ** -0.5
+    x = F.layer_norm(pe, [dim])
+    wq = (math.sqrt(1 / rank / heads) * (2 * torch.rand(heads, dim, rank, generator=generator) - 1)).requires_grad_()
+    wk = (math.sqrt(1 / rank / heads) * (2 * torch.rand(heads, rank, dim, generator=generator) - 1)).requires_grad_()
+    nq = wq.detach().norm(dim=1).mean()
+    opt = torch.optim.Adam([wq, wk], lr=0.0001)
+    for i in range(epochs):
+        if i % norm == 0:
+            with torch.no_grad():
+                wq.div_(wq.detach().norm(dim=1, keepdim=True) / nq)
+                wk.div_(wk.detach().norm(dim=1, keepdim=True) / nq)
+        opt.zero_grad()
+        loss = F.mse_loss(torch.softmax(x @ wq @ wk @ x.T * scale, -1), weight)
+        loss.backward()
+        opt.step()
+    return wq.detach(), wk.detach(), weight, x, scale
 
 
-def test_closed_form_matches_paper_solver_on_vit_t2():
-    """Default softness is calibrated on ViT-T/2 (the paper's model): same offsets, mass
-    within +-0.05, fit no worse, and many times faster (Adam stops early here, ~2,400 steps)."""
-    adam, fast = _compare((16, 16), 192, 3, {"steps": 10_000})
-    print(f"ViT-T/2 mass: adam {adam.target_mass:.3f} closed form {fast.target_mass:.3f}; "
-          f"loss {adam.loss:.5f} vs {fast.loss:.5f}; {adam.solve_seconds:.1f}s vs {fast.solve_seconds:.3f}s")
+def test_adam_solver_is_the_official_loop():
+    """Same seed, same maps as the official loop (no renormalisation after the last step)."""
+    grid, dim, heads, steps = 4, 16, 2, 350
+    offsets = [(1, 0), (-1, 1)]
+    pe = build_sincos2d_pos_embed([grid, grid], dim=dim)
+    q0, k0, target, x, scale = _official_loop(pe, offsets, grid, heads, torch.Generator().manual_seed(3), steps)
+    q, k, info = solve_qk_adam(x, target, head_dim=dim // heads, scale=scale,
+                               generator=torch.Generator().manual_seed(3), steps=steps)
+    maps = lambda q, k: torch.softmax(x @ q @ k @ x.T * scale, -1)  # noqa: E731
+    assert torch.allclose(maps(q, k), maps(q0, k0), atol=1e-6)
+    assert info["steps_run"] == steps and not info["stopped_early"]
+    # the returned factors are 50 free steps past the cap: a final rescale would change them
+    cap = q.norm(dim=1).mean()
+    assert not torch.allclose(q.norm(dim=1), torch.full_like(q.norm(dim=1), cap.item()), atol=1e-4)
+
+
+def test_official_solver_softness_on_the_digits_shape():
+    """The official 10,000 steps on the embedded default's shape give ~0.11 (issue 10's
+    measurement with the official loop); the closed form matches it within 0.03."""
+    adam = solve_impulse_qk((8, 8), 48, 3, 1, kernel=3, solver="adam", seed=0)
+    fast = solve_impulse_qk((8, 8), 48, 3, 1, kernel=3, seed=0)
+    assert adam.solver_info["layer0"]["steps_run"] == 10_000
+    assert adam.target_mass == pytest.approx(0.110, abs=0.005)
     assert adam.offsets == fast.offsets
-    assert abs(adam.target_mass - fast.target_mass) <= 0.05
-    assert fast.loss <= adam.loss * 1.1
-    assert fast.solve_seconds * 20 < adam.solve_seconds
-
-
-def test_closed_form_fit_on_another_shape_at_the_paper_solvers_softness():
-    """Softness differs by shape (8x8 grid, C=48: the paper solver reaches ~0.10); given
-    that softness, the closed form fits the targets at least as well."""
-    adam, _ = _compare((8, 8), 48, 3, {"steps": 3000})
-    fast = solve_impulse_qk((8, 8), 48, 3, 1, kernel=3, seed=0, target_mass=adam.target_mass)
-    assert fast.target_mass == pytest.approx(adam.target_mass, abs=0.005)
+    assert abs(fast.target_mass - adam.target_mass) <= 0.03
     assert fast.loss <= adam.loss * 1.05
 
 
-def test_adam_stops_early_and_reports_where():
-    sol = solve_impulse_qk((8, 8), 48, 3, 1, kernel=3, solver="adam", seed=0, steps=10_000)
+def test_early_stop_is_opt_in_and_ends_at_a_cycle_end():
+    sol = solve_impulse_qk((8, 8), 48, 3, 1, kernel=3, solver="adam", seed=0, early_stop=True)
     info = sol.solver_info["layer0"]
-    assert info["stopped_early"] and info["steps_run"] < 10_000
-    assert info["steps_run"] % 100 == 1 and info["loss_history"][-1][0] == info["steps_run"] - 1
+    assert info["early_stop"] and info["stopped_early"] and info["steps_run"] < 10_000
+    assert info["steps_run"] % 100 == 0 and info["loss_history"][-1][0] == info["steps_run"]
+
+
+def _csv_masses():
+    with open(softness_law.CSV) as f:
+        return {(int(r["grid"]), int(r["embed_dim"]), int(r["num_heads"]), int(r["kernel"]), int(r["seed"])):
+                float(r["official_mass"]) for r in csv.DictReader(f) if r["pseudo_input"] == "P"}
+
+
+def test_softness_law_is_the_fit_of_its_data():
+    """COEFFICIENTS are what benchmarks/softness_law.py fits on the FIT shapes' official masses."""
+    masses = _csv_masses()
+    coef = softness_law.fit([(s, masses[s]) for s in softness_law.FIT])
+    assert coef == pytest.approx(softness.COEFFICIENTS, abs=2e-4)
+    assert not set(softness_law.FIT) & set(softness_law.HELD_OUT)
+
+
+# ViT-S (C=384 on 16x16) is the law's known miss: 0.71 vs 0.76 (softness.py says why).
+KNOWN_MISS = {(16, 384): 0.07}
+
+
+def test_closed_form_matches_the_official_softness_on_held_out_shapes():
+    """Shapes the law was not fitted on (every params.yaml shape, ViT-B/16 where measured):
+    the closed form, same seed and offsets, lands within 0.03 of the official solver."""
+    masses = _csv_masses()
+    checked = 0
+    for s in softness_law.HELD_OUT:
+        if s not in masses or s[1] > 400:          # ViT-B/16 has its own (timed) test
+            continue
+        g, c, h, k, seed = s
+        fast = solve_impulse_qk((g, g), c, h, 1, kernel=k, seed=seed)
+        bound = KNOWN_MISS.get((g, c), 0.03)
+        assert abs(fast.target_mass - masses[s]) <= bound, (s, fast.target_mass, masses[s])
+        checked += 1
+    assert checked >= 10
+
+
+def test_every_params_shape_is_held_out():
+    import yaml
+    p = yaml.safe_load((REPO / "params.yaml").read_text())
+    sides = {"digits": 8, "cifar10": 16, "cifar100": 16, "svhn": 16}
+    held = {(g, c, h) for g, c, h, *_ in softness_law.HELD_OUT}
+    for ds, rec in p["recipes"].items():
+        m = rec["model"]
+        # vit_* entries of model_shapes are for the 32x32 recipes, the others for digits
+        shapes = [m] + [{**m, **o} for name, o in p["model_shapes"].items()
+                        if name.startswith("vit_") == (ds != "digits")]
+        for shape in shapes:
+            assert (sides[ds], shape["embed_dim"], shape["num_heads"]) in held, (ds, shape)
 
 
 def test_softness_is_a_parameter():
@@ -46,19 +135,22 @@ def test_softness_is_a_parameter():
     sharp = solve_impulse_qk((8, 8), 48, 3, 1, seed=0, target_mass=0.5)
     assert soft.target_mass == pytest.approx(0.1, abs=0.005)
     assert sharp.target_mass == pytest.approx(0.5, abs=0.005)
+    assert sharp.solver_info["layer0"]["target_mass_source"] == "explicit"
+    with pytest.raises(ValueError, match="target_mass=1.5"):
+        solve_qk_closed_form(torch.randn(16, 8), torch.eye(16)[None], head_dim=4, scale=0.5,
+                             generator=torch.Generator(), target_mass=1.5)
 
 
-def test_closed_form_fast_on_vit_b16():
+def test_closed_form_fast_and_sharp_on_vit_b16():
     t = time.perf_counter()
     sol = solve_impulse_qk((14, 14), 768, 12, 12, kernel=3, seed=0)
     assert time.perf_counter() - t < 3.0          # < 1 s unloaded; slack for a busy CI box
-    assert sol.target_mass == pytest.approx(PAPER_TARGET_MASS, abs=0.01)
+    assert sol.target_mass > 0.95                 # the official solver: 0.985 (softness_law.csv)
 
 
 @pytest.mark.slow
-def test_closed_form_matches_paper_solver_vit_t2_full_10000_steps():
-    adam, fast = _compare((16, 16), 192, 3, {"steps": 10_000, "early_stop": False})
-    print(f"ViT-T/2 mass: adam {adam.target_mass:.3f} closed form {fast.target_mass:.3f}; "
-          f"loss {adam.loss:.5f} vs {fast.loss:.5f}")
-    assert adam.offsets == fast.offsets
-    assert abs(adam.target_mass - fast.target_mass) <= 0.05
+def test_closed_form_matches_official_solver_vit_t2():
+    adam = solve_impulse_qk((16, 16), 192, 3, 1, kernel=3, solver="adam", seed=0)
+    fast = solve_impulse_qk((16, 16), 192, 3, 1, kernel=3, seed=0)
+    assert adam.target_mass == pytest.approx(0.276, abs=0.005)
+    assert abs(adam.target_mass - fast.target_mass) <= 0.03

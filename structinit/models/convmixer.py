@@ -13,8 +13,14 @@ FILTER_MODES = ("learned", "random", "impulse", "box")
 
 def create_convmixer(dim: int, depth: int, kernel_size: int, patch_size: int, num_classes: int,
                      in_chans: int = 3, filter_mode: str = "learned", seed: int = 0) -> ConvMixer:
-    model = ConvMixer(dim=dim, depth=depth, kernel_size=kernel_size, patch_size=patch_size,
-                      in_chans=in_chans, num_classes=num_classes)
+    """timm's ConvMixer; every weight is a function of `seed` (the global RNG is forked, not
+    consumed), as `initialize` does for the ViTs."""
+    if filter_mode not in FILTER_MODES:
+        raise ValueError(f"unknown filter_mode {filter_mode!r}; choose one of {FILTER_MODES}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = ConvMixer(dim=dim, depth=depth, kernel_size=kernel_size, patch_size=patch_size,
+                          in_chans=in_chans, num_classes=num_classes)
     set_spatial_filters(model, filter_mode, seed=seed)
     return model
 

@@ -1,0 +1,94 @@
+"""Replication check: retrain the main table on a disjoint set of seeds and test each of
+reports/main_table.md's conclusions on it.
+
+    python -m benchmarks.replication [--seeds 5 6 7 8 9] [--keep]
+
+Copies the working tree (code, params.yaml, prepared data; no results) into a temporary
+folder, sets grid.seeds to the new seeds there, runs the real `dvc repro aggregate`, and
+compares reports/conclusions.json of both runs pair by pair:
+  confirmed      the same significant direction on the new seeds
+  not replicated significant before, not distinguishable now
+  reversed       significant in the opposite direction
+  consistent     not distinguishable before or now
+  new            not distinguishable before, significant now
+Prints the table and last `confirmed: <k> of <m> stated differences`.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+from tabulate import tabulate
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def copy_tree(dest: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split("\n")
+    for f in filter(None, files):
+        if f.split("/")[0] in ("results", "reports") or f == "dvc.lock" or not (REPO / f).exists():
+            continue
+        (dest / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / f, dest / f)
+    if (REPO / "data/prepared").exists():               # no second download
+        shutil.copytree(REPO / "data/prepared", dest / "data/prepared", dirs_exist_ok=True)
+
+
+def verdict(before: str, after: str) -> str:
+    if before == "~":
+        return "consistent" if after == "~" else "new"
+    if after == before:
+        return "confirmed"
+    return "not replicated" if after == "~" else "reversed"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", help="default: as many as grid.seeds, after the largest")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary copy (its path is printed)")
+    a = ap.parse_args()
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    seeds = params["grid"]["seeds"]
+    new = a.seeds or list(range(max(seeds) + 1, max(seeds) + 1 + len(seeds)))
+    if set(new) & set(seeds):
+        raise SystemExit(f"--seeds {new} overlap grid.seeds {seeds}: a replication needs disjoint seeds")
+    original = json.loads((REPO / "reports/conclusions.json").read_text())
+    tmp = Path(tempfile.mkdtemp(prefix="structinit-replication-"))
+    try:
+        repo = tmp / "repo"
+        copy_tree(repo)
+        params["grid"]["seeds"] = new
+        (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                   DVC_NO_ANALYTICS="1", STRUCTINIT_CKPT_DIR=str(repo / ".ckpt"))
+        for cmd in (["git", "init", "-q"], ["dvc", "repro", "aggregate"]):
+            subprocess.run(cmd, cwd=repo, env=env, check=True)
+        again = json.loads((repo / "reports/conclusions.json").read_text())
+    finally:
+        if a.keep:
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    after = {(c["family"], c["a"], c["b"]): c for c in again["comparisons"]}
+    rows, stated, confirmed = [], 0, 0
+    for c in original["comparisons"]:
+        d = after[(c["family"], c["a"], c["b"])]
+        v = verdict(c["verdict"], d["verdict"])
+        stated += c["verdict"] != "~"
+        confirmed += v == "confirmed"
+        rows.append([c["family"], f"{c['a']} vs {c['b']}",
+                     f"{c['verdict']} ({c['mean_a'] - c['mean_b']:+.2f}, p={c['p_holm']:.2g})",
+                     f"{d['verdict']} ({d['mean_a'] - d['mean_b']:+.2f}, p={d['p_holm']:.2g})", v])
+    print(f"seeds {seeds} (reports/) vs {new} (replication); {original['test']}")
+    print(tabulate(rows, headers=["dataset", "pair", "stated", "replication", "verdict"], tablefmt="github"))
+    print(f"confirmed: {confirmed} of {stated} stated differences")
+
+
+if __name__ == "__main__":
+    main()
