@@ -3,7 +3,7 @@ reports/main_table.md's conclusions on it.
 
     python -m benchmarks.replication [--seeds 5 6 7 8 9] [--keep]
 
-Copies the working tree (code, params.yaml, prepared data; no results) into a temporary
+Copies the working tree (code, params.yaml, dvc.lock, prepared data; no results) into a temporary
 folder, sets grid.seeds to the new seeds there, runs the real `dvc repro aggregate`, and
 compares reports/conclusions.json of both runs pair by pair:
   confirmed      the same significant direction on the new seeds
@@ -29,14 +29,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def copy_tree(dest: Path) -> None:
+    """Code, params, dvc.lock and the prepared data: with the lock, DVC sees the download
+    stages as done (no second download) and runs only the new seeds' stages."""
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO,
                            capture_output=True, text=True, check=True).stdout.split("\n")
     for f in filter(None, files):
-        if f.split("/")[0] in ("results", "reports") or f == "dvc.lock" or not (REPO / f).exists():
+        if f.split("/")[0] in ("results", "reports") or not (REPO / f).exists():
             continue
         (dest / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / f, dest / f)
-    if (REPO / "data/prepared").exists():               # no second download
+    if (REPO / "data/prepared").exists():
         shutil.copytree(REPO / "data/prepared", dest / "data/prepared", dirs_exist_ok=True)
 
 

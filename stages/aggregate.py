@@ -58,7 +58,7 @@ def main():
                f"What ran: {run}\n\n"
                + report.main_table(cells, grid["datasets"], inits, ours) + "\n\n"
                + stats.conclusions_block(comparisons, report.label))
-    kernel_cmp = [c for c in comparisons if c.a.startswith("impulse") and c.b.startswith("impulse")]
+    kernel_cmp = report.main_comparisons(cells, grid["datasets"], [impulse_name(k) for k in grid["kernels"]])
     write_text(out / "kernel_table.md",
                "# Structured init by kernel size\n\n"
                f"What ran: {run}\n\n"

@@ -47,7 +47,7 @@ def convmixer(params, main, studies):
     return ("# ConvMixer: learned vs frozen spatial filters\n\n"
             "Why impulse filters: depthwise k×k filters learned, or frozen random U(±1/k), frozen "
             "impulse (one-hot) or frozen box (all taps equal); channel mixing always learned. "
-            "[paper] = CIFAR-10 numbers quoted from the paper.\n\n"
+            "paper = CIFAR-10 numbers quoted from the paper.\n\n"
             + _what_ran(params, "convmixer", f"ConvMixer sizes: {sizes}") + "\n\n"
             + report.study_table(cells, "size", "mode", s["sizes"], s["modes"],
                                  report.PAPER_CONVMIXER, "cifar10") + "\n\n"
@@ -72,7 +72,7 @@ def pseudo_input(params, main, studies):
     return ("# Pseudo-input ablation for the structured init\n\n"
             "Pseudo-input of the first block → of the later blocks (P: sin-cos encoding, U: uniform, "
             "G: truncated normal, A = P+U, B = P+G), one Q/K solve shared by every block or one per "
-            "block. [paper] = CIFAR-10, PE everywhere with shared Q/K.\n\n"
+            "block. paper = CIFAR-10, PE everywhere with shared Q/K.\n\n"
             + _what_ran(params, "pseudo_input", f"Kernel {k}") + "\n\n"
             + (SOFTNESS_CAVEAT if init["solver"] == "closed_form" else "")
             + report.study_table(cells, "variant", "kernel", variants, [f"Imp.-{k}"],
@@ -93,7 +93,7 @@ def heads_width(params, main, studies):
     recipes = "; ".join(f"{d} recipe = {recipe(params, d)['model']}" for d in s["datasets"])
     return ("# Heads and width: structured init vs baselines\n\n"
             "Each shape overrides the dataset recipe's model; \"recipe\" rows are the main grid's "
-            "cells. [paper] = CIFAR-100 numbers quoted from the paper.\n\n"
+            "cells. paper = CIFAR-100 numbers quoted from the paper.\n\n"
             + _what_ran(params, "heads_width", f"{recipes}; {desc}") + "\n\n"
             + report.study_table(cells, "shape", "init", shapes, list(s["inits"]),
                                  report.PAPER_HEADS_WIDTH, "cifar100", col_label=report.label) + "\n\n"

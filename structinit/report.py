@@ -162,7 +162,8 @@ def what_ran(params: dict, datasets, seeds, extra: str = "", vit: bool = True) -
         rec = params["recipes"][ds]
         dep = recipe_departures(rec if vit else {"train": rec["train"], "model": {}})
         parts.append(f"{ds}: the paper's recipe" + (", departing in: " + "; ".join(dep) if dep else ", unchanged"))
-    parts.append("structured init: " + init_description(params["init"]))
+    if vit:                                                  # ConvMixer studies have no ViT init
+        parts.append("structured init: " + init_description(params["init"]))
     return ". ".join(parts) + (f". {extra}" if extra else "") + "."
 
 

@@ -4,9 +4,10 @@
     compare_all(groups, family=...)      every pair: Welch's t-test, Holm-corrected p
     conclusion_lines(comparisons)        one sentence per pair, only what the test supports
 
-A table's conclusions are one family: its pairs are corrected together (Holm), so the
-chance of any false "A > B" in a report stays at alpha. With n = 1 no test is possible
-and every pair reads "not testable".
+The pairs of one family (a table's pairs on one dataset, or within one study size or
+shape) are corrected together (Holm), so within a family the chance of any false "A > B"
+stays at alpha; each family is named in its sentences. With n = 1 no test is possible and
+every pair reads "not testable".
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import numpy as np
 from scipy import stats as sps
 
 ALPHA = 0.05
-TEST = "Welch's t-test (two-sided, unequal variances) across seeds, Holm-corrected over the table's pairs"
+TEST = ("Welch's t-test (two-sided, unequal variances) across seeds, Holm-corrected over the pairs "
+        "of each family (the text before the colon)")
 
 
 @dataclass(frozen=True)

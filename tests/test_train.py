@@ -23,7 +23,9 @@ def test_short_run_on_digits_is_well_above_chance(digits):
     t = time.perf_counter()
     model, hist = _run(digits, epochs=8)
     assert time.perf_counter() - t < 60
-    assert hist[-1]["test_acc"] > 0.3                              # chance: 0.1
+    # chance: 0.1. The structured init now has the official solver's softness on this shape
+    # (target mass 0.11, was 0.21), which starts slower: 0.41 after 8 epochs (was > 0.5).
+    assert hist[-1]["test_acc"] > 0.3
     assert hist[-1]["train_loss"] < hist[0]["train_loss"]
     assert [h["epoch"] for h in hist] == list(range(1, 9))
 

@@ -86,7 +86,7 @@ def solve_qk_closed_form(x, targets, *, head_dim, scale, generator,
     U U^T T_h U U^T: the target projected onto what the pseudo-input can express, linear
     in beta, so beta is found by bisection (all heads at once) to put a mean mass of
     `target_mass` on the target key: by default the official solver's softness for this
-    shape (softness.py: N tokens, width C), or the number given.
+    shape (softness.py: N tokens, width C, H heads), or the number given.
 
     Q = V A sqrt(S_M), K = sqrt(S_M) B^T V^T from M = A S_M B^T, truncated to r columns.
     When rho < r, the remaining r - rho columns of Q and K would be exactly zero, a saddle
@@ -97,7 +97,7 @@ def solve_qk_closed_form(x, targets, *, head_dim, scale, generator,
     C = x.shape[1]
     source = "softness law (official solver)" if target_mass is None else "explicit"
     if target_mass is None:
-        target_mass = official_target_mass(N, C)
+        target_mass = official_target_mass(N, C, H)
     elif not 0 < target_mass < 1:
         raise ValueError(f"target_mass={target_mass!r}: a mean attention mass in (0, 1), or None "
                          "for the official solver's softness at this shape")

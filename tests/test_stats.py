@@ -1,0 +1,76 @@
+"""Statistics behind the reports' intervals and conclusions, against known values."""
+import math
+
+import pytest
+
+from benchmarks.replication import verdict
+from structinit import stats
+
+
+def test_interval_is_the_t_interval():
+    s = stats.summarize([1.0, 2.0, 3.0, 4.0, 5.0])
+    # mean 3, sd sqrt(2.5), t_0.975,4 = 2.776445
+    half = 2.776445 * math.sqrt(2.5) / math.sqrt(5)
+    assert (s.mean, s.n) == (3.0, 5)
+    assert s.std == pytest.approx(math.sqrt(2.5))
+    assert (s.ci_low, s.ci_high) == pytest.approx((3 - half, 3 + half), abs=1e-5)
+    one = stats.summarize([7.0])
+    assert one.n == 1 and one.std == 0 and math.isnan(one.ci_low)
+
+
+def test_holm_step_down():
+    # p sorted 0.01, 0.02, 0.04 with m = 3 -> 0.03, 0.04, 0.04 (monotone); original order kept
+    assert stats.holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
+    assert stats.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+
+
+def test_welch_matches_a_hand_computation():
+    from scipy.stats import t as student
+    a, b = [1.0, 2.0, 3.0, 4.0], [3.0, 5.0, 7.0, 9.0]
+    va, vb = 5 / 3, 20 / 3                                  # sample variances
+    se2 = va / 4 + vb / 4
+    t = (2.5 - 6.0) / math.sqrt(se2)
+    df = se2 ** 2 / ((va / 4) ** 2 / 3 + (vb / 4) ** 2 / 3)  # Welch-Satterthwaite
+    assert stats.welch_p(a, b) == pytest.approx(2 * student.sf(abs(t), df), rel=1e-9)
+    assert math.isnan(stats.welch_p([1.0], b)) and math.isnan(stats.welch_p([2.0, 2.0], [2.0, 2.0]))
+
+
+def test_conclusions_claim_only_what_the_corrected_test_supports():
+    groups = {"hi": [90.0, 91.0, 90.5, 91.5, 90.2], "lo": [80.0, 81.0, 80.5, 79.5, 80.8],
+              "lo2": [80.2, 80.9, 80.1, 79.9, 81.0]}
+    cmp = {(c.a, c.b): c for c in stats.compare_all(groups, family="d")}
+    assert cmp[("hi", "lo")].verdict == ">" and cmp[("hi", "lo2")].verdict == ">"
+    assert cmp[("lo", "lo2")].verdict == "~"
+    assert cmp[("hi", "lo")].p_holm >= cmp[("hi", "lo")].p
+    text = "\n".join(stats.conclusion_lines(list(cmp.values())))
+    assert "**hi > lo**" in text and "lo vs lo2: not distinguishable at n = 5" in text
+    assert "lo > lo2" not in text and "lo2 > lo" not in text
+
+
+def test_replication_verdicts():
+    assert verdict(">", ">") == "confirmed"
+    assert verdict(">", "~") == "not replicated"
+    assert verdict(">", "<") == "reversed"
+    assert verdict("~", "~") == "consistent"
+    assert verdict("~", "<") == "new"
+
+
+def test_preopt_benchmark_interleaves_its_repeats(monkeypatch, capsys):
+    """The official solver and the closed form alternate, so machine load hits both alike."""
+    from types import SimpleNamespace
+
+    from benchmarks import preopt
+
+    calls = []
+
+    def fake_solve(shape, **opts):
+        calls.append((shape["embed_dim"], opts.get("solver")))
+        sol = SimpleNamespace(solver_info={"layer0": {}}, loss=0.0, target_mass=0.5, offsets=[[(0, 0)]])
+        return 1.0, sol
+
+    monkeypatch.setattr(preopt, "solve", fake_solve)
+    monkeypatch.setattr("sys.argv", ["preopt", "--repeats", "3"])
+    preopt.main()
+    vit_t2 = [s for c, s in calls if c == 192]
+    assert vit_t2 == ["adam", "closed_form"] * 3
+    assert capsys.readouterr().out.strip().endswith("ratio: 1")
