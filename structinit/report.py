@@ -162,6 +162,11 @@ def what_ran(params: dict, datasets, seeds, extra: str = "", vit: bool = True) -
         rec = params["recipes"][ds]
         dep = recipe_departures(rec if vit else {"train": rec["train"], "model": {}})
         parts.append(f"{ds}: the paper's recipe" + (", departing in: " + "; ".join(dep) if dep else ", unchanged"))
+        if ds == "digits" and rec["train"]["epochs"] < 80:
+            parts.append(f"{rec['train']['epochs']} epochs is short of convergence under the paper's "
+                         "optimizer on digits (about 80 needed: `python -m benchmarks.epochs`, README "
+                         "\"The embedded default's recipe\"), so these numbers rank how fast each "
+                         "initializer starts learning")
     if vit:                                                  # ConvMixer studies have no ViT init
         parts.append("structured init: " + init_description(params["init"]))
     return ". ".join(parts) + (f". {extra}" if extra else "") + "."
