@@ -68,8 +68,12 @@ def main():
         params["grid"]["seeds"] = new
         (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-                   DVC_NO_ANALYTICS="1", STRUCTINIT_CKPT_DIR=str(repo / ".ckpt"))
-        for cmd in (["git", "init", "-q"], ["dvc", "repro", "aggregate"]):
+                   DVC_NO_ANALYTICS="1", STRUCTINIT_CKPT_DIR=str(repo / ".ckpt"),
+                   GIT_AUTHOR_NAME="replication", GIT_AUTHOR_EMAIL="replication@localhost",
+                   GIT_COMMITTER_NAME="replication", GIT_COMMITTER_EMAIL="replication@localhost")
+        # dvclive records the experiment's base commit, so the copy needs one
+        for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "replication"],
+                    ["dvc", "repro", "aggregate"]):
             subprocess.run(cmd, cwd=repo, env=env, check=True)
         again = json.loads((repo / "reports/conclusions.json").read_text())
     finally:
