@@ -49,7 +49,7 @@ def main():
 
     out = Path(a.out)
     run = report.what_ran(params, grid["datasets"], grid["seeds"])
-    comparisons = report.main_comparisons(cells, grid["datasets"], inits)
+    comparisons = report.pairwise_comparisons(cells, "init")
     write_text(out / "main_table.md",
                "# Main table: test accuracy (%) by initializer\n\n"
                "Final-epoch top-1, mean ± std over seeds; in brackets the difference to Trunc Normal; "
@@ -58,7 +58,7 @@ def main():
                f"What ran: {run}\n\n"
                + report.main_table(cells, grid["datasets"], inits, ours) + "\n\n"
                + stats.conclusions_block(comparisons, report.label))
-    kernel_cmp = report.main_comparisons(cells, grid["datasets"], [impulse_name(k) for k in grid["kernels"]])
+    kernel_cmp = report.pairwise_comparisons(cells[cells.init.str.startswith("impulse")], "init")
     write_text(out / "kernel_table.md",
                "# Structured init by kernel size\n\n"
                f"What ran: {run}\n\n"

@@ -51,7 +51,7 @@ def convmixer(params, main, studies):
             + _what_ran(params, "convmixer", f"ConvMixer sizes: {sizes}") + "\n\n"
             + report.study_table(cells, "size", "mode", s["sizes"], s["modes"],
                                  report.PAPER_CONVMIXER, "cifar10") + "\n\n"
-            + stats.conclusions_block(report.study_comparisons(cells, "mode", within="size")))
+            + stats.conclusions_block(report.pairwise_comparisons(cells, "mode", within="size")))
 
 
 def pseudo_input(params, main, studies):
@@ -78,7 +78,7 @@ def pseudo_input(params, main, studies):
             + report.study_table(cells, "variant", "kernel", variants, [f"Imp.-{k}"],
                                  {"PP": {"Imp.-3": report.PAPER_PSEUDO_INPUT["PP"]}}, "cifar10",
                                  row_label=label) + "\n\n"
-            + stats.conclusions_block(report.study_comparisons(cells, "variant"), label))
+            + stats.conclusions_block(report.pairwise_comparisons(cells, "variant"), label))
 
 
 def heads_width(params, main, studies):
@@ -97,7 +97,7 @@ def heads_width(params, main, studies):
             + _what_ran(params, "heads_width", f"{recipes}; {desc}") + "\n\n"
             + report.study_table(cells, "shape", "init", shapes, list(s["inits"]),
                                  report.PAPER_HEADS_WIDTH, "cifar100", col_label=report.label) + "\n\n"
-            + stats.conclusions_block(report.study_comparisons(cells, "init", within="shape"), report.label))
+            + stats.conclusions_block(report.pairwise_comparisons(cells, "init", within="shape"), report.label))
 
 
 def main():

@@ -63,15 +63,6 @@ def main_table(cells: pd.DataFrame, datasets: list[str], inits: list[str], ours:
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
-def main_comparisons(cells: pd.DataFrame, datasets: list[str], inits: list[str]) -> list[Comparison]:
-    """Every pair of initializers, per dataset (one Holm family per dataset)."""
-    out = []
-    for ds in datasets:
-        sub = cells[cells.dataset == ds]
-        out += compare_all({i: sub[sub.init == i].acc.tolist() for i in inits}, family=ds)
-    return out
-
-
 def kernel_table(cells: pd.DataFrame, preopt: pd.DataFrame, datasets: list[str],
                  kernels: list[int], ours_kernel: int) -> str:
     """Per kernel: accuracy, and the init's softness beside the official solver's (same seeds)."""
@@ -124,6 +115,9 @@ def summary(cells: pd.DataFrame, datasets: list[str], inits: list[str], ours: st
 
 # Recipe keys that change no result (how the run is scheduled, not what it computes).
 _NOT_RECIPE = ("amp", "eval_every", "cpu_chunks", "compile", "channels_last", "seed")
+# Where the paper's recipe flattens out on digits: `python -m benchmarks.epochs` (README).
+DIGITS_EPOCHS_TO_CONVERGE = 80
+
 
 def recipe_departures(rec: dict) -> list[str]:
     """How a dataset's recipe departs from the paper's (TrainConfig's defaults, ViT-T/2)."""
@@ -162,9 +156,10 @@ def what_ran(params: dict, datasets, seeds, extra: str = "", vit: bool = True) -
         rec = params["recipes"][ds]
         dep = recipe_departures(rec if vit else {"train": rec["train"], "model": {}})
         parts.append(f"{ds}: the paper's recipe" + (", departing in: " + "; ".join(dep) if dep else ", unchanged"))
-        if ds == "digits" and rec["train"]["epochs"] < 80:
+        if ds == "digits" and rec["train"]["epochs"] < DIGITS_EPOCHS_TO_CONVERGE:
             parts.append(f"{rec['train']['epochs']} epochs is short of convergence under the paper's "
-                         "optimizer on digits (about 80 needed: `python -m benchmarks.epochs`, README "
+                         f"optimizer on digits (about {DIGITS_EPOCHS_TO_CONVERGE} needed: "
+                         "`python -m benchmarks.epochs`, README "
                          "\"The embedded default's recipe\"), so these numbers rank how fast each "
                          "initializer starts learning")
     if vit:                                                  # ConvMixer studies have no ViT init
@@ -202,9 +197,9 @@ def study_table(cells: pd.DataFrame, row_key: str, col_key: str, rows: list, col
                     tablefmt="github", disable_numparse=True)
 
 
-def study_comparisons(cells: pd.DataFrame, group_key: str, within: str | None = None,
-                      label=str) -> list[Comparison]:
-    """Every pair of `group_key` values, per dataset (and per `within` value): one Holm family each."""
+def pairwise_comparisons(cells: pd.DataFrame, group_key: str, within: str | None = None) -> list[Comparison]:
+    """Every pair of `group_key` values (in the cells' order), per dataset and per `within`
+    value: one Holm family each."""
     out = []
     keys = ["dataset"] + ([within] if within else [])
     for key, sub in cells.groupby(keys, sort=False):

@@ -1,4 +1,3 @@
-import csv
 import math
 import time
 from pathlib import Path
@@ -99,15 +98,9 @@ def test_early_stop_is_opt_in_and_ends_at_a_cycle_end():
     assert info["steps_run"] % 100 == 0 and info["loss_history"][-1][0] == info["steps_run"]
 
 
-def _csv_masses():
-    with open(softness_law.CSV) as f:
-        return {(int(r["grid"]), int(r["embed_dim"]), int(r["num_heads"]), int(r["kernel"]), int(r["seed"])):
-                float(r["official_mass"]) for r in csv.DictReader(f) if r["pseudo_input"] == "P"}
-
-
 def test_softness_law_is_the_fit_of_its_data():
     """COEFFICIENTS are what benchmarks/softness_law.py fits on the FIT shapes' official masses."""
-    masses = _csv_masses()
+    masses = softness_law.read_csv()
     coef = softness_law.fit([(s, masses[s]) for s in softness_law.FIT])
     assert coef == pytest.approx(softness.COEFFICIENTS, abs=2e-4)
     assert not set(softness_law.FIT) & set(softness_law.HELD_OUT)
@@ -116,7 +109,7 @@ def test_softness_law_is_the_fit_of_its_data():
 def test_closed_form_matches_the_official_softness_on_held_out_shapes():
     """Shapes the law was not fitted on (every params.yaml shape, ViT-B/16 where measured):
     the closed form, same seed and offsets, lands within 0.03 of the official solver."""
-    masses = _csv_masses()
+    masses = softness_law.read_csv()
     checked = 0
     for s in softness_law.HELD_OUT:
         if s not in masses or s[1] > 400:          # ViT-B/16 has its own (timed) test
@@ -154,7 +147,7 @@ def test_softness_is_a_parameter():
 
 
 def test_closed_form_fast_and_at_the_official_softness_on_vit_b16():
-    official = _csv_masses()[(14, 768, 12, 3, 0)]
+    official = softness_law.read_csv()[(14, 768, 12, 3, 0)]
     t = time.perf_counter()
     sol = solve_impulse_qk((14, 14), 768, 12, 12, kernel=3, seed=0)
     assert time.perf_counter() - t < 3.0          # < 1 s unloaded (benchmarks/preopt.py); CI slack
