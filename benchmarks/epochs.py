@@ -6,7 +6,8 @@ Trains the digits recipe of params.yaml (the paper's optimizer, eps, schedule sh
 clipping, label smoothing, weight decay) for each epoch budget, warm-up kept at 5 % of it,
 cosine to the end of *that* budget (so each budget is a complete run, not a prefix of a
 longer one). Prints final-epoch test accuracy (mean ± std over seeds) per initializer and
-budget, and the test accuracy every 10 epochs of the longest budget.
+budget, and the test accuracy every 10 epochs of the longest budget. The seeds of one
+(initializer, budget) train stacked, as the pipeline's cells do.
 """
 import argparse
 import statistics
@@ -15,19 +16,22 @@ import torch
 import yaml
 from tabulate import tabulate
 
-from structinit import TrainConfig, initialize, prepare_dataset, train_model
+from structinit import TrainConfig, initialize, prepare_dataset, train_models
 from structinit.pipeline import build_model
 
 
-def run(data, rec, init, epochs, seed):
-    model = build_model(rec["model"], data.spec)
-    if init.startswith("impulse"):
-        initialize(model, "impulse", kernel=int(init.removeprefix("impulse")), seed=seed)
-    else:
-        initialize(model, init, seed=seed)
+def run(data, rec, init, epochs, seeds):
+    """One curve [(epoch, test acc %)] per seed, the seeds trained stacked."""
+    models = []
+    for seed in seeds:
+        models.append(build_model(rec["model"], data.spec))
+        if init.startswith("impulse"):
+            initialize(models[-1], "impulse", kernel=int(init.removeprefix("impulse")), seed=seed)
+        else:
+            initialize(models[-1], init, seed=seed)
     train = dict(rec["train"], epochs=epochs, warmup_epochs=max(1, round(0.05 * epochs)), eval_every=10)
-    hist = train_model(model, data, TrainConfig(**train, seed=seed), progress=False)
-    return [(h["epoch"], 100 * h["test_acc"]) for h in hist if "test_acc" in h]
+    hists = train_models(models, data, [TrainConfig(**train, seed=seed) for seed in seeds], progress=False)
+    return [[(h["epoch"], 100 * h["test_acc"]) for h in hist if "test_acc" in h] for hist in hists]
 
 
 def main():
@@ -43,8 +47,7 @@ def main():
     final, curves = {}, {}
     for e in a.epochs:
         for init in a.inits:
-            for seed in a.seeds:
-                curve = run(data, rec, init, e, seed)
+            for seed, curve in zip(a.seeds, run(data, rec, init, e, a.seeds)):
                 final.setdefault((init, e), []).append(curve[-1][1])
                 if e == max(a.epochs):
                     curves.setdefault(init, []).append(curve)

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from stages.common import impulse_name, load_params, read_cell, run_stage, write_json, write_text
+from stages.common import impulse_name, load_params, read_cell, run_stage, seed_dir, write_json, write_text
 from structinit import report, stats
 
 
 def read_grid_cell(results: Path, dataset: str, init: str, seed: int) -> tuple[dict, pd.DataFrame]:
-    fields, curve = read_cell(results / f"{dataset}-{init}-{seed}")
+    fields, curve = read_cell(results / f"{dataset}-{init}", seed)
     return {"dataset": dataset, "init": init, "seed": seed, **fields}, curve
 
 
@@ -36,14 +36,15 @@ def main():
     ours = impulse_name(kernel)
     expected = list(itertools.product(grid["datasets"], inits, grid["seeds"]))
     missing = [f"{d}-{i}-{s}" for d, i, s in expected
-               if not (Path(a.results) / f"{d}-{i}-{s}" / "metrics.json").exists()]
+               if not (seed_dir(Path(a.results) / f"{d}-{i}", s) / "metrics.json").exists()]
     if missing:
         raise SystemExit(f"missing results for {len(missing)} cell(s): {missing}")
     rows, curves = zip(*(read_grid_cell(Path(a.results), *e) for e in expected))
     cells = pd.DataFrame(rows)
     solves = list(itertools.product(grid["datasets"], grid["kernels"], grid["seeds"]))
-    preopt = pd.DataFrame([json.loads((Path(a.preopt) / f"{d}-{k}-{s}.json").read_text()) for d, k, s in solves])
-    reference = [json.loads((Path(a.reference) / f"{d}-{k}-{s}.json").read_text()) for d, k, s in solves]
+    record = lambda folder, d, k, s: json.loads(seed_dir(Path(folder) / f"{d}-{k}", s).with_suffix(".json").read_text())  # noqa: E731
+    preopt = pd.DataFrame([record(a.preopt, *solve) for solve in solves])
+    reference = [record(a.reference, *solve) for solve in solves]
     preopt["official_target_mass"] = [r["target_mass"] for r in reference]
     preopt["official_loss"] = [r["loss"] for r in reference]
 

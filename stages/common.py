@@ -51,6 +51,27 @@ def impulse_name(kernel: int) -> str:
     return f"impulse{kernel}"
 
 
+def seed_dir(group_dir: str | Path, seed: int) -> Path:
+    """One seed's folder inside a stage's output folder: a stage trains or solves every seed of
+    one cell at once (stacked), and each seed keeps its own outputs."""
+    return Path(group_dir) / f"seed{seed}"
+
+
+def seeds_at(params: dict, dotted: str) -> list[int]:
+    """The seed list at a dotted key of params.yaml, e.g. "grid.seeds" (a stage's --seeds-from)."""
+    node = params
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            raise SystemExit(f"--seeds-from {dotted}: params.yaml has no key {key!r} there")
+        node = node[key]
+    if (not isinstance(node, list) or not node
+            or not all(isinstance(s, int) and not isinstance(s, bool) for s in node)):
+        raise SystemExit(f"{dotted}={node!r}: expected a non-empty list of integer seeds")
+    if len(set(node)) != len(node):
+        raise SystemExit(f"{dotted}={node!r}: a seed is listed twice")
+    return node
+
+
 def write_json(path: str | Path, obj) -> None:
     write_atomic(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n"))
 
@@ -59,13 +80,15 @@ def write_text(path: str | Path, text: str) -> None:
     write_atomic(path, lambda tmp: tmp.write_text(text))
 
 
-def read_cell(cell: Path):
-    """A trained cell's dvclive output -> (final/best test accuracy in %, epochs), curve."""
+def read_cell(group_dir: Path, seed: int):
+    """One seed of a trained cell (its dvclive output) -> (final/best test accuracy in %,
+    epochs), curve (named <cell>-<seed>, e.g. digits-mimetic-3)."""
     import pandas as pd  # only the report stages need it; keeps the training stages' start-up short
 
-    metrics = json.loads((cell / "metrics.json").read_text())
-    curve = pd.read_csv(cell / "plots/metrics/test/acc.tsv", sep="\t")
+    run = seed_dir(group_dir, seed)
+    metrics = json.loads((run / "metrics.json").read_text())
+    curve = pd.read_csv(run / "plots/metrics/test/acc.tsv", sep="\t")
     return ({"acc": 100 * metrics["final_test_acc"], "best_acc": 100 * metrics["best_test_acc"],
              "epochs": int(metrics["step"]) + 1},
-            curve.assign(cell=cell.name, epoch=curve.step + 1))
+            curve.assign(cell=f"{group_dir.name}-{seed}", epoch=curve.step + 1))
 

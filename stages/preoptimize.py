@@ -1,36 +1,39 @@
-"""preoptimize@<dataset>-<kernel>-<seed>: the structured init's Q/K solve for one model shape."""
+"""preoptimize@<dataset>-<kernel>: the structured init's Q/K solve for one model shape, one
+per seed of grid.seeds (<out>/seed<s>.pt, <record>/seed<s>.json)."""
 import argparse
 
-from stages.common import load_params, recipe, run_stage, write_json
+from stages.common import load_params, recipe, run_stage, seed_dir, seeds_at, write_json
 from structinit.io import save_torch
 from structinit.data import get_spec
 from structinit.init.impulse import solve_impulse_qk
 from structinit.pipeline import impulse_options, model_grid
 
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dataset", required=True)
     ap.add_argument("--kernel", type=int, required=True)
-    ap.add_argument("--seed", type=int, required=True)
-    ap.add_argument("--out", required=True, help="solution (.pt)")
-    ap.add_argument("--record", required=True, help="solve time and fit (.json)")
+    ap.add_argument("--seeds-from", required=True, metavar="KEY", help="e.g. grid.seeds")
+    ap.add_argument("--out", required=True, help="folder of solutions (seed<s>.pt)")
+    ap.add_argument("--record", required=True, help="folder of solve records (seed<s>.json: time, fit)")
     a = ap.parse_args()
     params = load_params()
     model_cfg = recipe(params, a.dataset)["model"]
     spec = get_spec(a.dataset)
-    sol = solve_impulse_qk(model_grid(model_cfg, spec), model_cfg["embed_dim"], model_cfg["num_heads"],
-                           model_cfg["depth"], kernel=a.kernel, seed=a.seed,
-                           **impulse_options(params["init"]))
-    save_torch(a.out, sol.to_dict())
-    info = sol.solver_info["layer0"]
-    write_json(a.record, {
-        "dataset": a.dataset, "kernel": a.kernel, "seed": a.seed, "solver": sol.options["solver"],
-        "solve_seconds": sol.solve_seconds, "loss": sol.loss, "target_mass": sol.target_mass,
-        "solves": sol.solver_info["solves"], "offsets_layer0": sol.offsets[0],
-        "steps_run": info.get("steps_run"), "stopped_early": info.get("stopped_early"),
-        "model": model_cfg})
-    print(f"{a.dataset} k={a.kernel} seed={a.seed}: {sol.options['solver']} solve in "
-          f"{sol.solve_seconds:.2f}s, mse {sol.loss:.5f}, target mass {sol.target_mass:.3f}")
+    for seed in seeds_at(params, a.seeds_from):
+        sol = solve_impulse_qk(model_grid(model_cfg, spec), model_cfg["embed_dim"], model_cfg["num_heads"],
+                               model_cfg["depth"], kernel=a.kernel, seed=seed,
+                               **impulse_options(params["init"]))
+        save_torch(seed_dir(a.out, seed).with_suffix(".pt"), sol.to_dict())
+        info = sol.solver_info["layer0"]
+        write_json(seed_dir(a.record, seed).with_suffix(".json"), {
+            "dataset": a.dataset, "kernel": a.kernel, "seed": seed, "solver": sol.options["solver"],
+            "solve_seconds": sol.solve_seconds, "loss": sol.loss, "target_mass": sol.target_mass,
+            "solves": sol.solver_info["solves"], "offsets_layer0": sol.offsets[0],
+            "steps_run": info.get("steps_run"), "stopped_early": info.get("stopped_early"),
+            "model": model_cfg})
+        print(f"{a.dataset} k={a.kernel} seed={seed}: {sol.options['solver']} solve in "
+              f"{sol.solve_seconds:.2f}s, mse {sol.loss:.5f}, target mass {sol.target_mass:.3f}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""reference_solve@<dataset>-<kernel>-<seed>: the official solver's softness for one solve.
+"""reference_solve@<dataset>-<kernel>: the official solver's softness, per seed of grid.seeds.
 
 The paper's own loop (10,000 Adam steps, `solve_qk_adam` with its defaults, whatever
 init.solver and init.adam say) on the same shape, offsets and pseudo-input as
@@ -8,7 +8,7 @@ when the model shape, the offsets or the solver code change.
 """
 import argparse
 
-from stages.common import load_params, recipe, run_stage, write_json
+from stages.common import load_params, recipe, run_stage, seed_dir, seeds_at, write_json
 from structinit.data import get_spec
 from structinit.init.impulse import solve_impulse_qk
 from structinit.pipeline import model_grid
@@ -21,22 +21,22 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dataset", required=True)
     ap.add_argument("--kernel", type=int, required=True)
-    ap.add_argument("--seed", type=int, required=True)
-    ap.add_argument("--record", required=True, help="official mass and fit (.json)")
+    ap.add_argument("--seeds-from", required=True, metavar="KEY", help="e.g. grid.seeds")
+    ap.add_argument("--record", required=True, help="folder of records (seed<s>.json: official mass and fit)")
     a = ap.parse_args()
     params = load_params()
     model_cfg = recipe(params, a.dataset)["model"]
     opts = {k: params["init"][k] for k in SHARED_WITH_PREOPTIMIZE}
-    sol = solve_impulse_qk(model_grid(model_cfg, get_spec(a.dataset)), model_cfg["embed_dim"],
-                           model_cfg["num_heads"], 1, kernel=a.kernel, seed=a.seed, solver="adam", **opts)
-    info = sol.solver_info["layer0"]
-    write_json(a.record, {
-        "dataset": a.dataset, "kernel": a.kernel, "seed": a.seed, "solver": "adam (official loop)",
-        "steps_run": info["steps_run"], "loss": sol.loss, "target_mass": sol.target_mass,
-        "offsets_layer0": sol.offsets[0], "model": model_cfg, **opts})
-    print(f"{a.dataset} k={a.kernel} seed={a.seed}: official solver, {info['steps_run']} steps, "
-          f"mse {sol.loss:.5f}, target mass {sol.target_mass:.3f}")
-
+    for seed in seeds_at(params, a.seeds_from):
+        sol = solve_impulse_qk(model_grid(model_cfg, get_spec(a.dataset)), model_cfg["embed_dim"],
+                               model_cfg["num_heads"], 1, kernel=a.kernel, seed=seed, solver="adam", **opts)
+        info = sol.solver_info["layer0"]
+        write_json(seed_dir(a.record, seed).with_suffix(".json"), {
+            "dataset": a.dataset, "kernel": a.kernel, "seed": seed, "solver": "adam (official loop)",
+            "steps_run": info["steps_run"], "loss": sol.loss, "target_mass": sol.target_mass,
+            "offsets_layer0": sol.offsets[0], "model": model_cfg, **opts})
+        print(f"{a.dataset} k={a.kernel} seed={seed}: official solver, {info['steps_run']} steps, "
+              f"mse {sol.loss:.5f}, target mass {sol.target_mass:.3f}")
 
 if __name__ == "__main__":
     run_stage(main)

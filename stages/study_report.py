@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from stages.common import load_params, read_cell, recipe, run_stage, write_text
+from stages.common import load_params, read_cell, recipe, run_stage, seed_dir, write_text
 from structinit import report, stats
 
 STUDIES = ("convmixer", "pseudo_input", "heads_width")
@@ -32,16 +32,16 @@ def _what_ran(params, study, extra=""):
 
 
 def _collect(expected):
-    """expected: [(path, fields)] -> DataFrame; fails naming every missing cell."""
-    missing = [str(p) for p, _ in expected if not (p / "metrics.json").exists()]
+    """expected: [(cell folder, seed, fields)] -> DataFrame; fails naming every missing run."""
+    missing = [str(seed_dir(p, s)) for p, s, _ in expected if not (seed_dir(p, s) / "metrics.json").exists()]
     if missing:
-        raise SystemExit(f"missing results for {len(missing)} cell(s): {missing}")
-    return pd.DataFrame([{**fields, **read_cell(p)[0]} for p, fields in expected])
+        raise SystemExit(f"missing results for {len(missing)} run(s): {missing}")
+    return pd.DataFrame([{**fields, **read_cell(p, s)[0]} for p, s, fields in expected])
 
 
 def convmixer(params, main, studies):
     s = params["studies"]["convmixer"]
-    cells = _collect([(studies / "convmixer" / f"{d}-{z}-{m}-{seed}", dict(dataset=d, size=z, mode=m))
+    cells = _collect([(studies / "convmixer" / f"{d}-{z}-{m}", seed, dict(dataset=d, size=z, mode=m))
                       for d, z, m, seed in itertools.product(s["datasets"], s["sizes"], s["modes"], s["seeds"])])
     sizes = "; ".join(f"{z} = {params['convmixer_sizes'][z]}" for z in s["sizes"])
     return ("# ConvMixer: learned vs frozen spatial filters\n\n"
@@ -59,9 +59,9 @@ def pseudo_input(params, main, studies):
     k, init = s["kernel"], params["init"]
     main_variant = (init["pseudo_input"] + (init["pseudo_input_rest"] or init["pseudo_input"])
                     + ("L" if init["per_layer"] else ""))
-    expected = [(studies / "pseudo_input" / f"{d}-{v}-{seed}", dict(dataset=d, variant=v, solve="study"))
+    expected = [(studies / "pseudo_input" / f"{d}-{v}", seed, dict(dataset=d, variant=v, solve="study"))
                 for d, v, seed in itertools.product(s["datasets"], s["variants"], s["seeds"])]
-    expected += [(main / f"{d}-impulse{k}-{seed}", dict(dataset=d, variant=main_variant, solve="main grid"))
+    expected += [(main / f"{d}-impulse{k}", seed, dict(dataset=d, variant=main_variant, solve="main grid"))
                  for d, seed in itertools.product(s["datasets"], s["seeds"])
                  if main_variant not in s["variants"]]
     cells = _collect(expected)
@@ -83,9 +83,9 @@ def pseudo_input(params, main, studies):
 
 def heads_width(params, main, studies):
     s = params["studies"]["heads_width"]
-    expected = [(studies / "heads_width" / f"{d}-{z}-{i}-{seed}", dict(dataset=d, shape=z, init=i))
+    expected = [(studies / "heads_width" / f"{d}-{z}-{i}", seed, dict(dataset=d, shape=z, init=i))
                 for d, z, i, seed in itertools.product(s["datasets"], s["shapes"], s["inits"], s["seeds"])]
-    expected += [(main / f"{d}-{i}-{seed}", dict(dataset=d, shape="recipe", init=i))
+    expected += [(main / f"{d}-{i}", seed, dict(dataset=d, shape="recipe", init=i))
                  for d, i, seed in itertools.product(s["datasets"], s["inits"], s["seeds"])]
     cells = _collect(expected)
     shapes = ["recipe"] + list(s["shapes"])

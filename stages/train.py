@@ -1,34 +1,40 @@
-"""Train one cell: a ViT with one initializer, or a ConvMixer with one filter mode.
+"""Train one cell, every seed at once: a ViT with one initializer, or a ConvMixer with one
+filter mode, for each seed in --seeds-from, stacked into one model (structinit/stacked.py).
 
 Used by every training stage: train_baseline, train_impulse (main grid) and the studies
 (study_convmixer, study_pseudo_input, study_heads_width). The dataset's recipe comes from
-params.yaml; the flags say what differs in this cell.
+params.yaml; the flags say what differs in this cell. Each seed keeps its own outputs:
+<out>/seed<s>/ (dvclive metrics and curves, init.json), <model-out>/seed<s>.pt, and its own
+resumable checkpoint.
 """
 import argparse
+import contextlib
 import os
 from pathlib import Path
 
 import torch
 from dvclive import Live
 
-from stages.common import load_params, recipe, run_stage, write_json
+from stages.common import load_params, recipe, run_stage, seed_dir, seeds_at, write_json
 from structinit.io import save_torch
-from structinit import ImageData, ImpulseSolution, TrainConfig, initialize, stratified_subset, train_model
+from structinit import ImageData, ImpulseSolution, TrainConfig, initialize, stratified_subset
 from structinit.models import create_convmixer
 from structinit.pipeline import build_model, impulse_options, parse_pseudo_variant
+from structinit.train import train_models
 
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dataset", required=True)
-    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--seeds-from", required=True, metavar="KEY",
+                    help="the params.yaml key that lists this cell's seeds, e.g. grid.seeds")
     ap.add_argument("--data", required=True, help="prepared dataset (download stage)")
-    ap.add_argument("--out", required=True, help="dvclive directory (metrics, curves, init record)")
-    ap.add_argument("--model-out", required=True)
+    ap.add_argument("--out", required=True, help="folder of per-seed dvclive folders (metrics, curves, init record)")
+    ap.add_argument("--model-out", required=True, help="folder of per-seed weights")
     vit = ap.add_argument_group("ViT")
     vit.add_argument("--init", help="trunc_normal, kaiming_uniform, mimetic, impulse, or impulse<k>")
     vit.add_argument("--kernel", type=int, help="impulse: kernel size (or give impulse<k>)")
-    vit.add_argument("--solution", help="impulse: a preoptimize artifact (else solved here)")
+    vit.add_argument("--solutions", help="impulse: a preoptimize output folder (seed<s>.pt; else solved here)")
     vit.add_argument("--pseudo", help="impulse: pseudo-input variant, e.g. UP or PPL (see parse_pseudo_variant)")
     vit.add_argument("--shape", help="model shape override, a key of model_shapes in params.yaml")
     cm = ap.add_argument_group("ConvMixer")
@@ -39,19 +45,19 @@ def parse_args():
         a.kernel, a.init = int(a.init.removeprefix("impulse")), "impulse"
     if bool(a.init) == bool(a.convmixer):
         ap.error("give either --init (ViT) or --convmixer SIZE --filter-mode MODE")
-    if a.init == "impulse" and a.solution is None and a.kernel is None:
-        ap.error("--init impulse needs --kernel or --solution")
+    if a.init == "impulse" and a.solutions is None and a.kernel is None:
+        ap.error("--init impulse needs --kernel or --solutions")
     return a
 
 
-def build(a, params, rec, spec):
-    """The model, initialized, and a record of how (for the cell's init.json)."""
+def build(a, params, rec, spec, seed):
+    """One seed's model, initialized, and a record of how (for its init.json)."""
     if a.convmixer:
         sizes = params["convmixer_sizes"]
         if a.convmixer not in sizes:
             raise SystemExit(f"unknown ConvMixer size {a.convmixer!r}; convmixer_sizes has {sorted(sizes)}")
         model = create_convmixer(**sizes[a.convmixer], num_classes=spec.num_classes,
-                                 in_chans=spec.channels, filter_mode=a.filter_mode, seed=a.seed)
+                                 in_chans=spec.channels, filter_mode=a.filter_mode, seed=seed)
         return model, {"model": "convmixer", "size": sizes[a.convmixer], "filter_mode": a.filter_mode}
     model_cfg = dict(rec["model"])
     if a.shape:
@@ -62,12 +68,13 @@ def build(a, params, rec, spec):
     model = build_model(model_cfg, spec)
     options = {}
     if a.init == "impulse":
-        if a.solution:
-            options["solution"] = ImpulseSolution.from_dict(torch.load(a.solution, weights_only=False))
+        if a.solutions:
+            solution = torch.load(seed_dir(a.solutions, seed).with_suffix(".pt"), weights_only=False)
+            options["solution"] = ImpulseSolution.from_dict(solution)
         else:
             options = {**impulse_options(params["init"]), "kernel": a.kernel,
                        **(parse_pseudo_variant(a.pseudo) if a.pseudo else {})}
-    record = initialize(model, a.init, seed=a.seed, **options)
+    record = initialize(model, a.init, seed=seed, **options)
     return model, {"model": "vit", **model_cfg, **record.to_dict()}
 
 
@@ -90,36 +97,43 @@ def main():
     a = parse_args()
     params = load_params()
     rec = recipe(params, a.dataset)
-    cfg = TrainConfig(**rec["train"], seed=a.seed)            # bad keys/values fail here, early
+    seeds = seeds_at(params, a.seeds_from)
+    cfgs = [TrainConfig(**rec["train"], seed=seed) for seed in seeds]   # bad keys/values fail here, early
     data = ImageData.load(a.data)
     subset = stratified_subset(data.train_labels, params["data"]["train_size"],
                                seed=params["data"]["subset_seed"])
-    model, init_record = build(a, params, rec, data.spec)
+    models, records = zip(*(build(a, params, rec, data.spec, seed) for seed in seeds))
     # Checkpoints live outside DVC's outputs (DVC deletes outputs before a stage runs), so an
-    # interrupted cell resumes from its last finished epoch. STRUCTINIT_CKPT_DIR moves them.
+    # interrupted cell resumes each seed from its last finished epoch. STRUCTINIT_CKPT_DIR moves them.
     cell = Path(a.out).name
-    ckpt = Path(os.environ.get("STRUCTINIT_CKPT_DIR", ".ckpt")) / Path(a.out).parent.name / f"{cell}.pt"
-    with Live(a.out, dvcyaml=False, save_dvc_exp=False) as live:
-        live.log_params({"dataset": a.dataset, "seed": a.seed, "train_images": len(subset),
-                         **{k: v for k, v in init_record.items() if k in ("model", "method", "size", "filter_mode")},
-                         **rec["train"]})
+    ckpt_dir = Path(os.environ.get("STRUCTINIT_CKPT_DIR", ".ckpt")) / Path(a.out).parent.name / cell
+    with contextlib.ExitStack() as stack:
+        lives = [stack.enter_context(Live(seed_dir(a.out, seed), dvcyaml=False, save_dvc_exp=False))
+                 for seed in seeds]
+        for live, seed, record in zip(lives, seeds, records):
+            live.log_params({"dataset": a.dataset, "seed": seed, "train_images": len(subset),
+                             **{k: v for k, v in record.items() if k in ("model", "method", "size", "filter_mode")},
+                             **rec["train"]})
 
-        def log(metrics):
+        def log(i, metrics):
             for key in ("train_loss", "train_acc", "test_loss", "test_acc", "lr"):
                 if key in metrics:                    # test_* only on evaluated epochs
-                    live.log_metric(key.replace("_", "/", 1), metrics[key])
-            live.next_step()
+                    lives[i].log_metric(key.replace("_", "/", 1), metrics[key])
+            lives[i].next_step()
 
-        history = train_model(model, data, cfg, train_indices=subset, checkpoint_path=ckpt,
-                              fingerprint=cell_fingerprint(init_record, subset),
-                              on_epoch_end=log)
-        live.summary["best_test_acc"] = max(h["test_acc"] for h in history if "test_acc" in h)
-        live.summary["final_test_acc"] = history[-1]["test_acc"]
-        live.summary["median_images_per_s"] = sorted(h["images_per_s"] for h in history)[len(history) // 2]
-    write_json(Path(a.out) / "init.json", init_record)
-    save_torch(a.model_out, model.state_dict())
-    ckpt.unlink(missing_ok=True)
-    print(f"{cell}: final test acc {history[-1]['test_acc']:.4f}")
+        histories = train_models(
+            list(models), data, cfgs, train_indices=subset,
+            checkpoint_paths=[seed_dir(ckpt_dir, seed).with_suffix(".pt") for seed in seeds],
+            fingerprints=[cell_fingerprint(r, subset) for r in records], on_epoch_end=log)
+        for live, history in zip(lives, histories):
+            live.summary["best_test_acc"] = max(h["test_acc"] for h in history if "test_acc" in h)
+            live.summary["final_test_acc"] = history[-1]["test_acc"]
+            live.summary["median_images_per_s"] = sorted(h["images_per_s"] for h in history)[len(history) // 2]
+    for seed, record, model, history in zip(seeds, records, models, histories):
+        write_json(seed_dir(a.out, seed) / "init.json", record)
+        save_torch(seed_dir(a.model_out, seed).with_suffix(".pt"), model.state_dict())
+        seed_dir(ckpt_dir, seed).with_suffix(".pt").unlink(missing_ok=True)
+        print(f"{cell}-{seed}: final test acc {history[-1]['test_acc']:.4f}")
 
 
 if __name__ == "__main__":

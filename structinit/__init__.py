@@ -7,7 +7,8 @@ Where things are:
     structinit/models/           create_vit (timm ViT), ConvMixer filter modes
     structinit/attention.py      attention maps and mass on each head's offset
     structinit/data.py           dataset registry (digits, cifar10, cifar100, svhn)
-    structinit/train.py          the trainer
+    structinit/train.py          the trainer: several models of one cell at once (train_models)
+    structinit/stacked.py        N models of one architecture run as one (torch.func.vmap)
     structinit/cpu_chunks.py     CPU: a batch as one single-threaded chunk per core
     structinit/report.py         the comparison tables
 
@@ -25,11 +26,11 @@ _EXPORTS = {
     ".data": ("DATASETS", "ImageData", "get_spec", "prepare_dataset", "stratified_subset"),
     ".init": ("METHODS", "ImpulseSolution", "InitRecord", "initialize", "solve_impulse_qk"),
     ".models": ("FILTER_MODES", "VIT_T2", "create_convmixer", "create_vit"),
-    ".train": ("TrainConfig", "default_device", "train_model"),
+    ".train": ("TrainConfig", "default_device", "train_model", "train_models"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 _SUBMODULES = ("attention", "augment", "cpu_chunks", "data", "init", "io", "models", "pipeline",
-               "report", "stats", "train")
+               "report", "stacked", "stats", "train")
 __all__ = list(_MODULE_OF)
 
 
@@ -52,4 +53,4 @@ if TYPE_CHECKING:                               # for type checkers and IDEs
     from .data import DATASETS, ImageData, get_spec, prepare_dataset, stratified_subset
     from .init import METHODS, ImpulseSolution, InitRecord, initialize, solve_impulse_qk
     from .models import FILTER_MODES, VIT_T2, create_convmixer, create_vit
-    from .train import TrainConfig, default_device, train_model
+    from .train import TrainConfig, default_device, train_model, train_models

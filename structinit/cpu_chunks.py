@@ -1,13 +1,14 @@
 """CPU training step as n single-threaded chunks on n threads, gradients summed.
 
-Why: a small ViT's ops (a 65-token, 48-wide batch of 64) are too small for PyTorch's
-intra-op threads to pay: on 2 cores, 2 intra-op threads run a step only ~1.3x faster than
-one. Splitting the batch into one chunk per core, each forward/backward single-threaded on
-its own Python thread (torch ops release the GIL), keeps every core busy with no fork/join
-inside each op: ~1.2x the intra-op step on the same 2 cores (benchmarks/train_throughput.py).
+Why: on a CPU, PyTorch's intra-op threads fork and join inside every op, and a small ViT's
+ops (64 tokens, width 48) are short. Splitting each batch into one chunk per core, each
+forward/backward single-threaded on its own Python thread (torch ops release the GIL), keeps
+every core busy with no fork/join inside each op. It applies to the stacked models as they
+are (structinit/stacked.py): the chunks split the batch dimension of every model at once.
+Whether it pays: `python -m benchmarks.stacked_throughput` (rows "cpu_chunks=1").
 
 Same optimizer step: each chunk's loss is weighted by its share of the batch, so the sum of
-the chunk gradients is the full batch's mean-loss gradient. Chunks are summed in a fixed
+the chunk gradients is the full batch's mean-loss gradient, for every model. Chunks are summed in a fixed
 order, so a run is deterministic; only the float summation order differs from the unsplit
 step (as it already does between thread counts). That holds only for models whose forward
 treats samples independently and deterministically, so `auto` falls back to one chunk, and
@@ -27,6 +28,8 @@ from typing import Callable
 
 import torch
 
+from .stacked import StackedModels, set_grads
+
 MIN_CHUNK = 16          # below this, per-chunk Python overhead eats the gain
 
 
@@ -44,47 +47,49 @@ def _why_not_splittable(model: torch.nn.Module) -> str | None:
 
 
 def plan_cpu_chunks(setting: str | int, model: torch.nn.Module, device: torch.device,
-                    batch_size: int, compiled: bool) -> tuple[int, str]:
-    """How many chunks a step runs as, and why. setting: "auto" or a positive int (1 = off),
-    as validated by TrainConfig."""
+                    batch_size: int) -> tuple[int, str]:
+    """How many chunks a step runs as, and why. setting: "auto" (one per intra-op thread) or
+    a positive int (1 = off), as validated by TrainConfig. More chunks than threads did not
+    pay for five stacked digits ViTs (benchmarks/stacked_throughput.py --chunk-rows 2 4 8)."""
     explicit = setting != "auto"
     wanted = setting if explicit else min(torch.get_num_threads(), batch_size // MIN_CHUNK)
     if wanted <= 1:
         return 1, "one chunk"
     if device.type != "cpu":                      # the same params.yaml runs on CPU and GPU
         return 1, f"one chunk (cpu_chunks applies to CPU only, this is {device.type})"
-    blockers = [
-        (compiled, "compile=True (a compiled model is not run from several threads)"),
-        (wanted > batch_size, f"more chunks than the batch has images ({batch_size})"),
-    ]
-    why = next((msg for bad, msg in blockers if bad), None) or _why_not_splittable(model)
+    why = (f"more chunks than the batch has images ({batch_size})" if wanted > batch_size
+           else _why_not_splittable(model))
     if why is None:
-        return wanted, f"{wanted} chunks of ~{batch_size // wanted} images, one thread each"
+        return wanted, f"{wanted} chunks of ~{batch_size // wanted} images per model, one thread each"
     if explicit:
         raise ValueError(f"cpu_chunks={setting} is not possible here: {why}; use cpu_chunks=1")
     return 1, f"one chunk ({why})"
 
 
 class ChunkedBackward:
-    """Computes a batch's gradients as `chunks` single-threaded pieces in parallel.
+    """Computes a stacked batch's gradients as `chunks` single-threaded pieces in parallel.
 
     Use as a context manager: inside it, torch runs one intra-op thread per Python thread
     (process-wide: torch.set_num_threads), restored on exit.
     """
 
-    def __init__(self, model: torch.nn.Module, chunks: int,
-                 forward_loss: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]):
-        """forward_loss(x, y) -> (mean loss, logits): the trainer's own, run on each chunk's thread
-        (so whatever it enters, e.g. autocast, which is per thread, applies there)."""
-        self.chunks, self.forward_loss = chunks, forward_loss
-        self.params = [p for p in model.parameters() if p.requires_grad]
+    def __init__(self, stack: StackedModels, chunks: int,
+                 loss_and_grads: Callable[[StackedModels, torch.Tensor, torch.Tensor], tuple]):
+        """loss_and_grads(stack, x, y) -> (grads {name: (N, ...)}, each model's mean loss (N,),
+        logits (N, B, classes)): the trainer's own, run on each chunk's thread (so whatever it
+        enters, e.g. autocast, which is per thread, applies there) with that thread's replica."""
+        self.chunks, self.loss_and_grads = chunks, loss_and_grads
+        # functional_call swaps tensors into its module while it runs: one module per thread.
+        self.replicas = [stack] + [stack.replica() for _ in range(chunks - 1)]
+        self.params = stack.trainable()
         self._pool: ThreadPoolExecutor | None = None
         self._threads = None
 
     def __enter__(self):
         self._threads = torch.get_num_threads()
         torch.set_num_threads(1)
-        self._pool = ThreadPoolExecutor(self.chunks, thread_name_prefix="structinit-chunk")
+        # One worker per intra-op thread there was; more chunks than that queue up on them.
+        self._pool = ThreadPoolExecutor(min(self.chunks, self._threads), thread_name_prefix="structinit-chunk")
         return self
 
     def __exit__(self, *exc):
@@ -100,23 +105,25 @@ class ChunkedBackward:
         finally:
             torch.set_num_threads(1)
 
-    def _one_chunk(self, x, y, weight):
-        loss, logits = self.forward_loss(x, y)
-        grads = torch.autograd.grad(loss * weight, self.params, allow_unused=True)
-        return grads, loss.detach() * len(y), (logits.argmax(-1) == y).sum()
+    def _one_chunk(self, replica, x, y, weight):
+        grads, losses, logits = self.loss_and_grads(replica, x, y)
+        return ({k: g * weight for k, g in grads.items()}, losses * y.shape[1],
+                (logits.argmax(-1) == y).sum(1))
 
     def submit(self, x: torch.Tensor, y: torch.Tensor) -> list:
-        """Start the chunks on the pool; the caller may work meanwhile, then `collect`."""
-        n = len(y)
-        return [self._pool.submit(self._one_chunk, xc, yc, len(yc) / n)
-                for xc, yc in zip(x.tensor_split(self.chunks), y.tensor_split(self.chunks))]
+        """x (N, B, ...), y (N, B): start the chunks (slices of B) on the pool; the caller may
+        work meanwhile, then `collect`."""
+        n = y.shape[1]
+        return [self._pool.submit(self._one_chunk, replica, xc, yc, yc.shape[1] / n)
+                for replica, xc, yc in zip(self.replicas, x.tensor_split(self.chunks, 1),
+                                           y.tensor_split(self.chunks, 1))]
 
     def collect(self, pending: list) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sets p.grad to the batch's gradient; returns (sum of per-image losses, n correct)."""
+        """Sets p.grad to the batch's gradient; returns each model's (sum of per-image losses,
+        n correct), (N,) each."""
         results = [f.result() for f in pending]   # fixed order: deterministic sums
-        for i, p in enumerate(self.params):
-            parts = [g[i] for g, _, _ in results if g[i] is not None]
-            p.grad = functools.reduce(torch.add, parts) if parts else None
+        set_grads(self.params, {k: functools.reduce(torch.add, [g[k] for g, _, _ in results])
+                                for k in self.params})
         return sum(r[1] for r in results), sum(r[2] for r in results)
 
     def backward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -114,7 +114,7 @@ def summary(cells: pd.DataFrame, datasets: list[str], inits: list[str], ours: st
 # --- "What ran": how a run departs from the paper ------------------------------------------
 
 # Recipe keys that change no result (how the run is scheduled, not what it computes).
-_NOT_RECIPE = ("amp", "eval_every", "cpu_chunks", "compile", "channels_last", "seed")
+_NOT_RECIPE = ("amp", "eval_every", "cpu_chunks", "seed")
 # Where the paper's recipe flattens out on digits: `python -m benchmarks.epochs` (README).
 DIGITS_EPOCHS_TO_CONVERGE = 80
 

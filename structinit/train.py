@@ -1,11 +1,17 @@
 """The trainer: the paper's recipe, device-agnostic, resumable, no host sync in the step loop.
 
-    train_model(model, data, TrainConfig(...)) -> list of per-epoch metric dicts
+    train_models([model_a, model_b], data, [cfg_a, cfg_b]) -> one list of epoch metrics per model
+    train_model(model, data, cfg)                          -> the same for one model
+
+Several models of one architecture and one recipe (they may differ in weights and seed) train
+as one stacked model (stacked.py): each op runs all of them at once, and each model's result
+is what it would be trained alone, to float noise.
 
 The whole dataset lives on the training device as one uint8 tensor; each batch is gathered,
 augmented (augment.py) and normalized there. Per-epoch randomness (shuffle, augmentation)
 comes from a generator seeded by (seed, epoch), so a run resumed from its end-of-epoch
-checkpoint continues exactly as the uninterrupted run would have.
+checkpoint continues exactly as the uninterrupted run would have. Each model has its own
+data order (its seed's), its own checkpoint and its own metrics.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ from .augment import RandAugmentPolicy, rand_augment, random_hflip
 from .cpu_chunks import ChunkedBackward, plan_cpu_chunks
 from .data import ImageData
 from .io import save_torch
+from .stacked import StackedModels, clip_grad_norm_per_model, set_grads
 
 AMP_MODES = ("auto", "bf16", "off")
 
@@ -44,8 +51,6 @@ class TrainConfig:
     randaugment: str | None = "rand-m9-mstd0.5-inc1"
     hflip: bool = True
     amp: str = "auto"            # auto: bf16 autocast on CUDA, fp32 on CPU
-    channels_last: bool = False
-    compile: bool = False
     cpu_chunks: str | int = "auto"  # CPU: run each batch as n single-threaded chunks (cpu_chunks.py)
     eval_every: int = 1          # test-set evaluation every n epochs (and always after the last)
     seed: int = 0
@@ -77,10 +82,13 @@ def lr_at(step: int, total_steps: int, warmup_steps: int, cfg: TrainConfig) -> f
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """No weight decay on 1-D parameters (biases, norms); frozen ones are left out."""
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim <= 1 else decay).append(p)
+    return _decay_groups([p for p in model.parameters() if p.requires_grad], weight_decay, 0)
+
+
+def _decay_groups(params: list[torch.Tensor], weight_decay: float, stacked_dims: int) -> list[dict]:
+    """stacked_dims: leading model dimensions (1 for a StackedModels' tensors)."""
+    decay = [p for p in params if p.ndim - stacked_dims > 1]
+    no_decay = [p for p in params if p.ndim - stacked_dims <= 1]
     return [{"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0}]
 
@@ -94,11 +102,9 @@ class BatchPipeline:
         self.std = torch.tensor(spec.std, device=device).view(1, -1, 1, 1) * 255
         self.policy = RandAugmentPolicy.parse(cfg.randaugment) if cfg.randaugment else None
         self.hflip = cfg.hflip
-        self.memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
 
     def normalize(self, x_uint8: torch.Tensor) -> torch.Tensor:
-        x = (x_uint8.float() - self.mean) / self.std
-        return x.contiguous(memory_format=self.memory_format)
+        return (x_uint8.float() - self.mean) / self.std
 
     def augment(self, x_uint8: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         x = x_uint8.float()
@@ -106,7 +112,7 @@ class BatchPipeline:
             x = rand_augment(x, self.policy, gen, fill=self.mean)
         if self.hflip:
             x = random_hflip(x, gen)
-        return ((x - self.mean) / self.std).contiguous(memory_format=self.memory_format)
+        return (x - self.mean) / self.std
 
 
 def _epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Generator:
@@ -135,104 +141,226 @@ def evaluate(model, images: torch.Tensor, labels: torch.Tensor, pipe: BatchPipel
     return {"test_loss": loss_sum.item() / n, "test_acc": correct.item() / n}
 
 
+CHECKPOINT_FORMAT = 2      # 2: per-model optimizer state by parameter name (stacked trainer)
+
+
+@dataclasses.dataclass
+class _Run:
+    """One model's training: its weights, history so far, optimizer state and checkpoint."""
+    model: torch.nn.Module
+    cfg: TrainConfig
+    checkpoint: Path | None
+    fingerprint: dict
+    history: list = dataclasses.field(default_factory=list)
+    optimizer: dict | None = None       # {"step": float, "exp_avg": {name: t}, "exp_avg_sq": {...}}
+
+    @property
+    def epochs_done(self) -> int:
+        return len(self.history)
+
+
 def train_model(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
                 device: torch.device | str | None = None, train_indices: torch.Tensor | None = None,
                 checkpoint_path: str | Path | None = None, fingerprint: dict | None = None,
                 on_epoch_end=None, progress: bool = True) -> list[dict]:
-    """Train in place; returns one metrics dict per epoch.
+    """Train one model in place; returns one metrics dict per epoch (see train_models)."""
+    callback = (lambda i, metrics: on_epoch_end(metrics)) if on_epoch_end else None
+    return train_models([model], data, [cfg], device=device, train_indices=train_indices,
+                        checkpoint_paths=[checkpoint_path], fingerprints=[fingerprint],
+                        on_epoch_end=callback, progress=progress)[0]
 
-    checkpoint_path: written atomically after every epoch and resumed from when it exists
-    and its `fingerprint` (config + whatever the caller adds, e.g. the init) matches; a
-    mismatching checkpoint is ignored and overwritten. on_epoch_end(metrics) is called for
-    every epoch, including (first) the epochs restored from a checkpoint.
+
+def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[TrainConfig], *,
+                 device: torch.device | str | None = None, train_indices: torch.Tensor | None = None,
+                 checkpoint_paths: list | None = None, fingerprints: list | None = None,
+                 on_epoch_end=None, progress: bool = True) -> list[list[dict]]:
+    """Train models of one architecture in place, stacked; returns each one's epoch metrics.
+
+    cfgs: one per model, equal except for `seed` (each model's data order and augmentation).
+    checkpoint_paths[i]: model i's checkpoint, written atomically after every epoch and
+    resumed from when it exists and its `fingerprints[i]` (config + whatever the caller adds,
+    e.g. the init) matches; a mismatching checkpoint is ignored and overwritten. Models whose
+    checkpoints stopped at different epochs (a kill between two writes) first catch up,
+    stacked by epoch, then train on together. on_epoch_end(i, metrics) is called for every
+    epoch of model i, including (first) the epochs restored from its checkpoint.
     """
+    if len(cfgs) != len(models):
+        raise ValueError(f"{len(models)} models but {len(cfgs)} configs: give one config per model")
+    for i, c in enumerate(cfgs[1:], 1):
+        differ = [f.name for f in dataclasses.fields(c)
+                  if f.name != "seed" and getattr(c, f.name) != getattr(cfgs[0], f.name)]
+        if differ:
+            raise ValueError(f"configs 0 and {i} differ in {differ}: models train together only "
+                             "with one recipe (they may differ in seed)")
+    cfg = cfgs[0]
     device = torch.device(device) if device is not None else default_device()
-    fingerprint = json.loads(json.dumps({"config": dataclasses.asdict(cfg), **(fingerprint or {})},
-                                        default=str))
+    checkpoint_paths = checkpoint_paths or [None] * len(models)
+    fingerprints = fingerprints or [None] * len(models)
+    runs = [_Run(m.to(device), c, Path(p) if p else None,
+                 json.loads(json.dumps({"config": dataclasses.asdict(c), "checkpoint_format": CHECKPOINT_FORMAT,
+                                        **(f or {})}, default=str)))
+            for m, c, p, f in zip(models, cfgs, checkpoint_paths, fingerprints)]
+    for i, run in enumerate(runs):
+        _restore(run, device)
+        for metrics in run.history:
+            if on_epoch_end:
+                on_epoch_end(i, metrics)
+
     idx = train_indices if train_indices is not None else torch.arange(len(data.train_labels))
     train_x = data.train_images[idx].to(device)
     train_y = data.train_labels[idx].to(device)
     test_x, test_y = data.test_images.to(device), data.test_labels.to(device)
     batch_size = min(cfg.batch_size, len(train_y))
-
-    model.to(device)
-    if cfg.channels_last:
-        model.to(memory_format=torch.channels_last)
-    # fused AdamW: one kernel for all parameters instead of a handful per tensor.
-    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps,
-                            fused=device.type in ("cuda", "cpu"))
-    history: list[dict] = []
-    start_epoch = 0
-    ckpt = Path(checkpoint_path) if checkpoint_path else None
-    if ckpt is not None and ckpt.exists():
-        state = torch.load(ckpt, map_location=device, weights_only=False)
-        if state.get("fingerprint") == fingerprint:
-            model.load_state_dict(state["model"])
-            opt.load_state_dict(state["optimizer"])
-            history, start_epoch = state["history"], state["epoch"] + 1
-            print(f"resuming from {ckpt} after epoch {start_epoch}/{cfg.epochs}")
-        else:
-            print(f"ignoring {ckpt}: it was written for a different configuration")
-    for metrics in history:
-        if on_epoch_end:
-            on_epoch_end(metrics)
-
     pipe = BatchPipeline(data, cfg, device)
-    step_fn = torch.compile(model) if cfg.compile else model
-    chunks, how = plan_cpu_chunks(cfg.cpu_chunks, model, device, batch_size, cfg.compile)
-    if progress:
-        print(f"training on {device}: {how} per step")
-    chunked = (ChunkedBackward(model, chunks, lambda x, y: _forward_loss(model, x, y, cfg, device))
-               if chunks > 1 else None)
-    model.train()
-    with chunked or contextlib.nullcontext():
-        for epoch in range(start_epoch, cfg.epochs):
-            metrics = _train_epoch(epoch, model, step_fn, chunked, opt, pipe, train_x, train_y,
-                                   batch_size, cfg, device, progress)
-            if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
-                t = time.perf_counter()
-                with chunked.all_threads() if chunked else contextlib.nullcontext():
-                    metrics.update(evaluate(model, test_x, test_y, pipe, cfg, device))
-                metrics["seconds"] += time.perf_counter() - t
-            history.append(metrics)
-            if progress:
-                test = f"test acc {metrics['test_acc']:.4f}  " if "test_acc" in metrics else ""
-                tqdm.write(f"epoch {epoch + 1}/{cfg.epochs}  loss {metrics['train_loss']:.4f}  "
-                           f"{test}({metrics['images_per_s']:.0f} img/s)")
-            if ckpt is not None:
-                save_torch(ckpt, {"fingerprint": fingerprint, "epoch": epoch, "history": history,
-                                  "model": model.state_dict(), "optimizer": opt.state_dict()})
+    while todo := [r for r in runs if r.epochs_done < cfg.epochs]:
+        # The runs furthest behind train (stacked) until they reach the next ones, then all
+        # of those train on together; normally every run starts at the same epoch.
+        start = min(r.epochs_done for r in todo)
+        group = [r for r in todo if r.epochs_done == start]
+        stop = min([r.epochs_done for r in todo if r.epochs_done > start], default=cfg.epochs)
+        stack = StackedModels([r.model for r in group]).to(device).train()
+        opt = _stacked_adamw(stack, [r.optimizer for r in group], cfg, device)
+        chunks, how = plan_cpu_chunks(cfg.cpu_chunks, stack.base, device, batch_size)
+        chunked = (ChunkedBackward(stack, chunks, lambda replica, x, y: _loss_and_grads(replica, x, y, cfg, device))
+                   if chunks > 1 else None)
+        if progress:
+            print(f"training {len(group)} model(s) stacked on {device}, epochs {start + 1}-{stop}: {how} per step")
+        with chunked or contextlib.nullcontext():
+            _train_epochs(range(start, stop), group, runs, stack, chunked, opt, pipe, train_x,
+                          train_y, test_x, test_y, batch_size, cfg, device, progress, on_epoch_end)
+        for i, run in enumerate(group):
+            run.model.load_state_dict(stack.state_dict_of(i))
+            run.optimizer = _optimizer_state_of(opt, stack, i)
+    return [r.history for r in runs]
+
+
+def _train_epochs(epochs, group, runs, stack, chunked, opt, pipe, train_x, train_y, test_x,
+                  test_y, batch_size, cfg, device, progress, on_epoch_end) -> None:
+    """Train the stacked runs `group` for `epochs`: evaluate, log, checkpoint each epoch."""
+    for epoch in epochs:
+        per_model = _train_epoch(epoch, stack, chunked, opt, pipe, train_x, train_y,
+                                 batch_size, [r.cfg.seed for r in group], cfg, device, progress)
+        if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
+            t = time.perf_counter()
+            with chunked.all_threads() if chunked else contextlib.nullcontext():
+                tests = _evaluate_stacked(stack, test_x, test_y, pipe, cfg, device)
+            seconds = time.perf_counter() - t
+            for metrics, test in zip(per_model, tests):
+                metrics.update(test)
+                metrics["seconds"] += seconds
+        if progress:
+            accs = [m["test_acc"] for m in per_model if "test_acc" in m]
+            test = f"test acc {' '.join(f'{a:.4f}' for a in accs)}  " if accs else ""
+            losses = " ".join(f"{m['train_loss']:.4f}" for m in per_model)
+            tqdm.write(f"epoch {epoch + 1}/{cfg.epochs}  loss {losses}  {test}"
+                       f"({per_model[0]['images_per_s'] * len(group):.0f} model-img/s)")
+        for i, (run, metrics) in enumerate(zip(group, per_model)):
+            run.history.append(metrics)
+            if run.checkpoint is not None:
+                save_torch(run.checkpoint, {
+                    "fingerprint": run.fingerprint, "epoch": epoch, "history": run.history,
+                    "model": stack.state_dict_of(i), "optimizer": _optimizer_state_of(opt, stack, i)})
+        for run, metrics in zip(group, per_model):
             if on_epoch_end:
-                on_epoch_end(metrics)
-    return history
+                on_epoch_end(runs.index(run), metrics)
 
 
-def _forward_loss(model, x, y, cfg: TrainConfig, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean label-smoothed loss, logits) of one batch: the training objective."""
-    with _autocast(cfg, device):
-        logits = model(x)
-    return F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing), logits
+def _restore(run: _Run, device: torch.device) -> None:
+    if run.checkpoint is None or not run.checkpoint.exists():
+        return
+    state = torch.load(run.checkpoint, map_location=device, weights_only=False)
+    if state.get("fingerprint") != run.fingerprint:
+        print(f"ignoring {run.checkpoint}: it was written for a different configuration")
+        return
+    run.model.load_state_dict(state["model"])
+    run.optimizer, run.history = state["optimizer"], state["history"]
+    print(f"resuming from {run.checkpoint} after epoch {run.epochs_done}/{run.cfg.epochs}")
 
 
-def _train_epoch(epoch, model, step_fn, chunked, opt, pipe, train_x, train_y, batch_size,
-                 cfg, device, progress) -> dict:
-    """One pass over the (shuffled) training set; no host sync until its end."""
+def _stacked_adamw(stack: StackedModels, states: list[dict | None], cfg: TrainConfig,
+                   device: torch.device) -> torch.optim.Optimizer:
+    """AdamW over the stacked parameters, with each model's restored state in its slice.
+    AdamW is elementwise, so one optimizer over the stack updates each model as its own would.
+    fused: one kernel for all parameters instead of a handful per tensor."""
+    named = stack.trainable()
+    opt = torch.optim.AdamW(_decay_groups(list(named.values()), cfg.weight_decay, 1), lr=cfg.lr,
+                            eps=cfg.adam_eps, fused=device.type in ("cuda", "cpu"))
+    if states[0] is not None:                 # runs start together: all restored, or none
+        for name, p in named.items():
+            opt.state[p] = {
+                "step": torch.tensor(float(states[0]["step"]), dtype=torch.float32, device=device),
+                **{k: torch.stack([s[k][name] for s in states]).to(device) for k in ("exp_avg", "exp_avg_sq")}}
+    return opt
+
+
+def _optimizer_state_of(opt: torch.optim.Optimizer, stack: StackedModels, i: int) -> dict | None:
+    named = stack.trainable()
+    first = opt.state.get(next(iter(named.values())))
+    if not first:
+        return None
+    return {"step": float(first["step"]),
+            **{k: {name: opt.state[p][k][i].detach().clone() for name, p in named.items()}
+               for k in ("exp_avg", "exp_avg_sq")}}
+
+
+def _loss_and_grads(stack: StackedModels, x, y, cfg: TrainConfig, device):
+    """x (N, B, ...), y (N, B) -> (each model's gradients, mean label-smoothed loss (N,),
+    logits (N, B, classes)) of the training objective."""
+    def objective(logits, labels):                   # one model's batch: (B, classes), (B,)
+        return F.cross_entropy(logits.float(), labels, label_smoothing=cfg.label_smoothing)
+    return stack.loss_and_grads(x, y, objective, lambda: _autocast(cfg, device))
+
+
+def _losses(logits: torch.Tensor, y: torch.Tensor, label_smoothing: float = 0.0,
+            reduction: str = "mean") -> torch.Tensor:
+    """(N, B, classes) logits, (N, B) labels -> each model's loss, (N,)."""
+    per_image = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none",
+                                label_smoothing=label_smoothing).view(y.shape)
+    return per_image.mean(1) if reduction == "mean" else per_image.sum(1)
+
+
+@torch.no_grad()
+def _evaluate_stacked(stack: StackedModels, images, labels, pipe: BatchPipeline,
+                      cfg: TrainConfig, device: torch.device, batch_size: int = 1024) -> list[dict]:
+    stack.eval()
+    loss_sum = torch.zeros(stack.n, device=device)
+    correct = torch.zeros(stack.n, device=device, dtype=torch.long)
+    for i in range(0, len(labels), batch_size):
+        x, y = pipe.normalize(images[i:i + batch_size]), labels[i:i + batch_size]
+        with _autocast(cfg, device):
+            logits = stack(x, shared_input=True)                   # (N, B, classes)
+        y = y.expand(stack.n, -1)
+        loss_sum += _losses(logits, y, reduction="sum")
+        correct += (logits.argmax(-1) == y).sum(1)
+    stack.train()
+    n = len(labels)
+    return [{"test_loss": loss / n, "test_acc": c / n}
+            for loss, c in zip(loss_sum.tolist(), correct.tolist())]
+
+
+def _train_epoch(epoch, stack, chunked, opt, pipe, train_x, train_y, batch_size, seeds,
+                 cfg, device, progress) -> list[dict]:
+    """One pass of every stacked model over the (shuffled) training set, each in its own
+    seed's order; no host sync until its end."""
     t0 = time.perf_counter()
     steps_per_epoch = len(train_y) // batch_size      # drop the ragged tail: static shapes
     total_steps = steps_per_epoch * cfg.epochs
     warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
-    gen = _epoch_generator(cfg.seed, epoch, device)
-    order = torch.randperm(len(train_y), device=device, generator=gen)
-    loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), device=device, dtype=torch.long)
+    gens = [_epoch_generator(seed, epoch, device) for seed in seeds]
+    orders = [torch.randperm(len(train_y), device=device, generator=g) for g in gens]
+    loss_sum = torch.zeros(stack.n, device=device)
+    correct = torch.zeros(stack.n, device=device, dtype=torch.long)
+    params = list(stack.trainable().values())
     bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}/{cfg.epochs}",
                disable=not progress, leave=False, mininterval=1.0)
 
-    def batch(i):                                     # batches drawn in order: gen's stream is fixed
+    def batch(i):
+        """Each model's batch i, drawn from its own generator, in order, as it would be alone."""
         if i == steps_per_epoch:
             return None
-        rows = order[i * batch_size:(i + 1) * batch_size]
-        return pipe.augment(train_x[rows], gen), train_y[rows]
+        rows = [order[i * batch_size:(i + 1) * batch_size] for order in orders]
+        return (torch.stack([pipe.augment(train_x[r], g) for r, g in zip(rows, gens)]),  # (N, B, C, H, W)
+                torch.stack([train_y[r] for r in rows]))                                # (N, B)
 
     upcoming = batch(0)
     for i in bar:
@@ -242,24 +370,23 @@ def _train_epoch(epoch, model, step_fn, chunked, opt, pipe, train_x, train_y, ba
         x, y = upcoming
         if chunked is not None:
             pending = chunked.submit(x, y)            # the chunks run on the pool threads...
-            upcoming = batch(i + 1)                   # ...while this one augments the next batch
+            upcoming = batch(i + 1)                   # ...while this one prepares the next batch
             batch_loss_sum, batch_correct = chunked.collect(pending)   # sets .grad
         else:
-            loss, logits = _forward_loss(step_fn, x, y, cfg, device)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            batch_loss_sum, batch_correct = loss.detach() * len(y), (logits.argmax(-1) == y).sum()
+            grads, losses, logits = _loss_and_grads(stack, x, y, cfg, device)
+            set_grads(stack.trainable(), grads)
+            batch_loss_sum, batch_correct = losses * batch_size, (logits.argmax(-1) == y).sum(1)
             upcoming = batch(i + 1)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        clip_grad_norm_per_model(params, cfg.grad_clip)
         opt.step()
         loss_sum += batch_loss_sum
         correct += batch_correct
     seen = steps_per_epoch * batch_size
     if device.type == "cuda":
         torch.cuda.synchronize()                      # so train_seconds is the real time
-    metrics = {"epoch": epoch + 1, "lr": opt.param_groups[0]["lr"],
-               "train_loss": loss_sum.item() / seen, "train_acc": correct.item() / seen}
+    lr = opt.param_groups[0]["lr"]
     train_seconds = time.perf_counter() - t0
-    metrics.update(seconds=train_seconds, train_seconds=train_seconds,
-                   images_per_s=seen / train_seconds)
-    return metrics
+    return [{"epoch": epoch + 1, "lr": lr, "train_loss": loss / seen, "train_acc": c / seen,
+             "seconds": train_seconds, "train_seconds": train_seconds,
+             "images_per_s": seen / train_seconds}
+            for loss, c in zip(loss_sum.tolist(), correct.tolist())]

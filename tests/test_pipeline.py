@@ -45,7 +45,7 @@ def tiny_repo(tmp_path_factory):
             continue                                   # start as if nothing had run yet
         (repo / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / f, repo / f)
-    set_params(repo, **{"grid.baselines": ["trunc_normal"], "grid.kernels": [3, 5], "grid.seeds": [0],
+    set_params(repo, **{"grid.baselines": ["trunc_normal"], "grid.kernels": [3, 5], "grid.seeds": [0, 1],
                         "data.train_size": 300, "recipes.digits.model.embed_dim": 24,
                         "recipes.digits.model.depth": 1, "recipes.digits.train.epochs": 3,
                         "recipes.digits.train.warmup_epochs": 1, "recipes.digits.train.eval_every": 2,
@@ -69,21 +69,34 @@ def test_repro_builds_reports_and_leaves_git_clean(tiny_repo):
     for row in ("Trunc Normal", "Imp.-3 (ours)", "Imp.-5"):
         assert row in table
     assert "Mimetic" not in table and "Kaiming" not in table       # only the grid's rows
-    assert "seeds [0] (n = 1); training images per dataset: 300" in table
+    assert "seeds [0, 1] (n = 2); training images per dataset: 300" in table
     assert "digits: the paper's recipe, departing in: epochs 3 (paper 200)" in table
-    assert "## Conclusions" in table and "not testable at n = 1" in table
+    assert "## Conclusions" in table and "at n = 2" in table
     preopt = (repo / "reports/preopt_table.md").read_text()
     assert "official solver's mass" in preopt and "softness law" in preopt
     assert "official solver's mass" in (repo / "reports/kernel_table.md").read_text()
-    reference = json.loads((repo / "results/reference/digits-3-0.json").read_text())
-    assert reference["steps_run"] == 10_000 and 0 < reference["target_mass"] < 1
+    for seed in (0, 1):
+        reference = json.loads((repo / f"results/reference/digits-3/seed{seed}.json").read_text())
+        assert reference["steps_run"] == 10_000 and 0 < reference["target_mass"] < 1
+        assert reference["seed"] == seed
+    # one stage per cell, its seeds trained stacked; each seed keeps its own outputs
+    assert first.stdout.count("Running stage 'train_") == 3
+    for cell in ("digits-trunc_normal", "digits-impulse3", "digits-impulse5"):
+        for seed in (0, 1):
+            assert (repo / f"results/train/{cell}/seed{seed}/metrics.json").exists()
+            assert (repo / f"results/train/{cell}/seed{seed}/plots/metrics/test/acc.tsv").exists()
+            assert (repo / f"models/{cell}/seed{seed}.pt").exists()
+        accs = [json.loads((repo / f"results/train/{cell}/seed{s}/metrics.json").read_text())["final_test_acc"]
+                for s in (0, 1)]
+        assert accs[0] != accs[1]                               # two seeds, two different runs
     conclusions = json.loads((repo / "reports/conclusions.json").read_text())
     assert len(conclusions["comparisons"]) == 3             # 3 inits: 3 pairs
     summary = json.loads((repo / "reports/summary.json").read_text())
     assert summary["digits"]["ours"]["init"] == "impulse3"
     assert 0 < summary["digits"]["trunc_normal"]["acc"] <= 100
     curves = (repo / "reports/curves.csv").read_text()
-    assert curves.count("\n") == 1 + 3 * 2                      # 3 cells, evaluated at epochs 2, 3
+    assert curves.count("\n") == 1 + 3 * 2 * 2                  # 3 cells x 2 seeds, evaluated at epochs 2, 3
+    assert "digits-impulse3-1," in curves
     assert sorted({line.split(",")[1] for line in curves.split("\n")[1:] if line}) == ["2", "3"]
     # outputs DVC caches are git-ignored; what remains is what a user commits
     status = sh(repo, "git", "status", "--porcelain", "--untracked-files=all").stdout.split("\n")
@@ -132,7 +145,7 @@ def test_one_cell_and_kernel_experiment_and_metrics_diff(tiny_repo):
     repo, _ = tiny_repo
     sh(repo, "git", "add", "-A")
     sh(repo, "git", "commit", "-qm", "tiny results")
-    one = sh(repo, "dvc", "repro", "-f", "-s", "train_impulse@digits-5-0")
+    one = sh(repo, "dvc", "repro", "-f", "-s", "train_impulse@digits-5")
     assert one.stdout.count("Running stage") == 1
     exp = sh(repo, "dvc", "exp", "run", "-S", "init.kernel=5")
     assert "Running stage 'aggregate'" in exp.stdout
@@ -148,12 +161,26 @@ def test_kernel_outside_grid_and_missing_cell_fail_loudly(tiny_repo):
     bad = sh(repo, "dvc", "exp", "run", "-S", "init.kernel=7", check=False)
     assert bad.returncode != 0 and "init.kernel=7 is not in grid.kernels=[3, 5]" in bad.stdout + bad.stderr
     set_params(repo, **{"init.kernel": 5})                  # the failed exp left 7 in the workspace
-    shutil.move(repo / "results/train/digits-impulse5-0", repo / "moved")
+    shutil.move(repo / "results/train/digits-impulse5/seed1", repo / "moved")
     try:
         r = sh(repo, "python", "-m", "stages.aggregate", "--out", str(repo / "scratch"), check=False)
-        assert r.returncode != 0 and "digits-impulse5-0" in r.stderr
+        assert r.returncode != 0 and "digits-impulse5-1" in r.stderr
     finally:
-        shutil.move(repo / "moved", repo / "results/train/digits-impulse5-0")
+        shutil.move(repo / "moved", repo / "results/train/digits-impulse5/seed1")
+
+
+def test_what_a_change_of_grid_seeds_reruns(tiny_repo):
+    """The README's promise: a seed added re-runs the main table's stages (each cell's seeds
+    train together), not the studies' training. (`--dry` lists the stages stale now; the study
+    reports that read main-grid cells follow once those cells change.)"""
+    repo, _ = tiny_repo
+    set_params(repo, **{"grid.seeds": [0, 1, 2]})
+    try:
+        dry = sh(repo, "dvc", "repro", "--dry").stdout
+    finally:
+        set_params(repo, **{"grid.seeds": [0, 1]})
+    ran = {line.split("'")[1].split("@")[0] for line in dry.split("\n") if "Running stage" in line}
+    assert ran == {"preoptimize", "reference_solve", "train_baseline", "train_impulse", "aggregate"}, ran
 
 
 def test_shrunk_grid_leaves_no_stale_rows(tiny_repo):

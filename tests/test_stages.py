@@ -60,9 +60,8 @@ def test_a_cell_solved_in_process_can_resume(digits):
     heads/width studies) is the same on every run: configuration only. It used to contain
     the solve's seconds, so such cells never resumed."""
     params = load_params(REPO / "params.yaml")
-    a = SimpleNamespace(convmixer=None, init="impulse", kernel=3, solution=None, pseudo="UU",
-                        shape=None, seed=0)
-    records = [build(a, params, recipe(params, "digits"), digits.spec)[1] for _ in range(2)]
+    a = SimpleNamespace(convmixer=None, init="impulse", kernel=3, solutions=None, pseudo="UU", shape=None)
+    records = [build(a, params, recipe(params, "digits"), digits.spec, seed=0)[1] for _ in range(2)]
     assert records[0]["solve_seconds"] != records[1]["solve_seconds"]   # timings do differ
     subset = torch.arange(20)
     assert cell_fingerprint(records[0], subset) == cell_fingerprint(records[1], subset)

@@ -1,0 +1,228 @@
+"""Stacked training (structinit/stacked.py, train_models): each model as if trained alone."""
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import structinit as si
+from conftest import small_vit
+from structinit.stacked import StackedModels, clip_grad_norm_per_model
+from structinit.train import BatchPipeline, lr_at, param_groups, train_models
+
+FAST = dict(batch_size=64, warmup_epochs=1, hflip=False, lr=2e-3, randaugment=None, adam_eps=1e-8,
+            eval_every=1)
+SUBSET = torch.arange(512)
+
+
+def _vits(seeds, method="trunc_normal"):
+    models = []
+    for seed in seeds:
+        models.append(small_vit())
+        si.initialize(models[-1], method, seed=seed)
+    return models
+
+
+def _convmixers(seeds):
+    return [si.create_convmixer(16, 2, 3, 1, 10, in_chans=1, filter_mode="impulse", seed=s) for s in seeds]
+
+
+def test_stacked_forward_is_each_models_forward():
+    models = _vits([0, 1, 2])
+    x = torch.randn(3, 8, 1, 8, 8)
+    out = StackedModels(models)(x)
+    assert out.shape == (3, 8, 10)
+    for i, m in enumerate(models):
+        torch.testing.assert_close(out[i], m(x[i]), atol=1e-5, rtol=1e-5)
+    shared = StackedModels(models)(x[0], shared_input=True)
+    torch.testing.assert_close(shared[2], models[2](x[0]), atol=1e-5, rtol=1e-5)
+
+
+def test_batchnorm_statistics_stay_per_model():
+    """ConvMixer's BatchNorm in training mode: each model normalizes by its own batch and
+    updates its own running statistics, as alone."""
+    models = _convmixers([0, 1])
+    stack = StackedModels(models)
+    x = torch.randn(2, 8, 1, 8, 8)
+    out = stack(x)
+    alone = [m(x[i]) for i, m in enumerate(models)]           # updates each module's stats
+    for i, m in enumerate(models):
+        torch.testing.assert_close(out[i], alone[i], atol=1e-5, rtol=1e-5)
+        mine = stack.state_dict_of(i)
+        for k, v in m.state_dict().items():
+            torch.testing.assert_close(mine[k].to(v.dtype), v, atol=1e-6, rtol=1e-5, msg=k)
+
+
+def test_clipping_is_torchs_clip_for_each_model():
+    torch.manual_seed(0)
+    models = _vits([0, 1])
+    stack = StackedModels(models)
+    params = list(stack.trainable().values())
+    assert len(params) == len([p for p in models[0].parameters() if p.requires_grad])
+    for p in params:
+        p.grad = torch.randn_like(p) * torch.tensor([0.01, 10.0]).view(-1, *[1] * (p.ndim - 1))
+    per_model = [[p.grad[i].clone() for p in params] for i in range(2)]
+    norms = clip_grad_norm_per_model(params, max_norm=3.0)
+    for i in range(2):
+        alone = [torch.nn.Parameter(torch.zeros_like(g)) for g in per_model[i]]
+        for p, g in zip(alone, per_model[i]):
+            p.grad = g
+        norm = torch.nn.utils.clip_grad_norm_(alone, 3.0)
+        torch.testing.assert_close(norms[i], norm)
+        for p, q in zip(params, alone):
+            torch.testing.assert_close(p.grad[i], q.grad)
+    assert norms[0] < 3 < norms[1]                  # one model clipped, the other not
+
+
+def _curves(histories):
+    """Each history's per-epoch (train loss, test loss, test accuracy), flattened."""
+    return [[v for h in hist for v in (h["train_loss"], h["test_loss"], h["test_acc"])] for hist in histories]
+
+
+def test_two_seeds_stacked_train_as_each_alone(digits):
+    """The curves and weights of seeds 0 and 1 trained as one stacked model equal those of
+    each trained alone, to float noise; and the two seeds really differ."""
+    cfgs = [si.TrainConfig(epochs=3, seed=s, **FAST) for s in (0, 1)]
+    together = _vits([0, 1])
+    stacked = train_models(together, digits, cfgs, device="cpu", train_indices=SUBSET, progress=False)
+    for i, seed in enumerate((0, 1)):
+        alone = _vits([seed])[0]
+        hist = si.train_model(alone, digits, cfgs[i], device="cpu", train_indices=SUBSET, progress=False)
+        assert _curves([hist])[0] == pytest.approx(_curves([stacked[i]])[0], rel=1e-4, abs=1e-4)
+        for k, v in alone.state_dict().items():
+            torch.testing.assert_close(together[i].state_dict()[k], v, atol=1e-4, rtol=1e-4, msg=k)
+    assert stacked[0][-1]["train_loss"] != stacked[1][-1]["train_loss"]
+    assert stacked[1][-1]["train_loss"] < stacked[1][0]["train_loss"]
+
+
+def _plain_loop(model, data, cfg, idx):
+    """An independent restatement of one model's training: module forward (fused attention),
+    torch's own clip_grad_norm_, AdamW; the same batches as the trainer."""
+    pipe = BatchPipeline(data, cfg, torch.device("cpu"))
+    x_all, y_all = data.train_images[idx], data.train_labels[idx]
+    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps)
+    steps = len(y_all) // cfg.batch_size
+    losses = []
+    for epoch in range(cfg.epochs):
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
+        order = torch.randperm(len(y_all), generator=gen)
+        total = 0.0
+        for i in range(steps):
+            for g in opt.param_groups:
+                g["lr"] = lr_at(epoch * steps + i, steps * cfg.epochs, round(cfg.warmup_epochs * steps), cfg)
+            rows = order[i * cfg.batch_size:(i + 1) * cfg.batch_size]
+            loss = F.cross_entropy(model(pipe.augment(x_all[rows], gen)), y_all[rows],
+                                   label_smoothing=cfg.label_smoothing)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            total += loss.item()
+        losses.append(total / steps)
+    return losses
+
+
+def test_trainer_matches_a_plain_training_loop(digits):
+    """train_models on one model == the textbook loop, to float noise (the stacked path runs
+    attention unfused on CPU), with the paper's clip and label smoothing active."""
+    cfg = si.TrainConfig(epochs=2, seed=3, **{**FAST, "grad_clip": 0.5, "randaugment": "rand-m9-mstd0.5-inc1"})
+    a, b = _vits([3, 3])
+    plain = _plain_loop(a, digits, cfg, SUBSET)
+    ours = train_models([b], digits, [cfg], device="cpu", train_indices=SUBSET, progress=False)[0]
+    assert [h["train_loss"] for h in ours] == pytest.approx(plain, rel=1e-4)
+    for k, v in a.state_dict().items():
+        torch.testing.assert_close(b.state_dict()[k], v, atol=1e-4, rtol=1e-4, msg=k)
+
+
+def test_convmixer_seeds_stacked_train_as_alone(digits):
+    """BatchNorm and frozen (impulse) filters, stacked: the ConvMixer study's cells."""
+    cfgs = [si.TrainConfig(epochs=2, seed=s, **FAST) for s in (0, 1)]
+    together = _convmixers([0, 1])
+    stacked = train_models(together, digits, cfgs, device="cpu", train_indices=SUBSET, progress=False)
+    alone = _convmixers([1])[0]
+    hist = si.train_model(alone, digits, cfgs[1], device="cpu", train_indices=SUBSET, progress=False)
+    assert _curves([hist])[0] == pytest.approx(_curves([stacked[1]])[0], rel=1e-4, abs=1e-4)
+    frozen = si.models.convmixer.spatial_filters(alone)[0].weight
+    assert not frozen.requires_grad
+    assert torch.equal(frozen, si.models.convmixer.spatial_filters(_convmixers([1])[0])[0].weight)
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_resume_when_checkpoints_stopped_at_different_epochs(digits, tmp_path):
+    """A kill between two models' checkpoint writes leaves them one epoch apart: the one
+    behind catches up alone, then both train on stacked; the result is the uninterrupted one."""
+    cfgs = [si.TrainConfig(epochs=3, seed=s, **FAST) for s in (0, 1)]
+    full = _vits([0, 1])
+    expected = train_models(full, digits, cfgs, device="cpu", train_indices=SUBSET, progress=False)
+    ckpts = [tmp_path / "seed0.pt", tmp_path / "seed1.pt"]
+
+    def stop_at(epoch):
+        def callback(i, metrics):
+            if metrics["epoch"] == epoch and i == 1:
+                raise Interrupt
+        return callback
+
+    with pytest.raises(Interrupt):
+        train_models(_vits([0, 1]), digits, cfgs, device="cpu", train_indices=SUBSET, progress=False,
+                     checkpoint_paths=ckpts, on_epoch_end=stop_at(1))
+    shutil.copy(ckpts[1], tmp_path / "seed1-epoch1.pt")
+    with pytest.raises(Interrupt):
+        train_models(_vits([0, 1]), digits, cfgs, device="cpu", train_indices=SUBSET, progress=False,
+                     checkpoint_paths=ckpts, on_epoch_end=stop_at(2))
+    shutil.copy(tmp_path / "seed1-epoch1.pt", ckpts[1])      # seed 1 one epoch behind seed 0
+    seen = []
+    resumed = _vits([0, 1])
+    hist = train_models(resumed, digits, cfgs, device="cpu", train_indices=SUBSET, progress=False,
+                        checkpoint_paths=ckpts, on_epoch_end=lambda i, m: seen.append((i, m["epoch"])))
+    assert sorted(seen) == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3)]
+    for a, b in zip(_curves(hist), _curves(expected)):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-5)
+    for model, ref in zip(resumed, full):
+        for k, v in ref.state_dict().items():
+            torch.testing.assert_close(model.state_dict()[k], v, atol=1e-5, rtol=1e-5, msg=k)
+
+
+def test_what_cannot_stack_is_refused():
+    with pytest.raises(ValueError, match="model 1 .* differs from model 0"):
+        StackedModels([small_vit(), small_vit(embed_dim=24)])
+    with pytest.raises(ValueError, match=r"configs 0 and 1 differ in \['lr'\]"):
+        train_models(_vits([0, 1]), None, [si.TrainConfig(lr=1e-3), si.TrainConfig(lr=2e-3)])
+    with pytest.raises(ValueError, match="2 models but 1 configs"):
+        train_models(_vits([0, 1]), None, [si.TrainConfig()])
+
+
+def test_fused_attention_only_off_on_cpu():
+    """CPU's fused attention kernel has no vmap batching rule (a per-model loop), so the stack
+    runs timm's explicit attention there; CUDA's fused kernels have batching rules, so moving
+    the stack off the CPU gives timm's own choice back. ("meta" stands in for a GPU here.)"""
+    stack = StackedModels(_vits([0, 1]))
+    attns = [m for m in stack.base.modules() if hasattr(m, "fused_attn")]
+    assert attns and not any(m.fused_attn for m in attns)
+    stack.to("meta")
+    assert all(m.fused_attn == m.fused_attn_default for m in attns)
+    assert all(m.fused_attn for m in attns)              # timm's default on this torch
+
+
+def test_cuda_attention_kernels_have_vmap_batching_rules():
+    """Why fused attention stays on under vmap on CUDA: its kernels have batching rules. Run
+    on CPU, the batching rule is reached (no per-model fallback warning) before the CPU
+    backend refuses the CUDA-only op; CPU's own fused kernel takes the fallback."""
+    import warnings
+    from torch.func import vmap
+
+    q = torch.randn(2, 1, 2, 4, 8)
+    ops = {"efficient": lambda a: torch.ops.aten._scaled_dot_product_efficient_attention(a, a, a, None, False)[0],
+           "flash": lambda a: torch.ops.aten._scaled_dot_product_flash_attention(a, a, a)[0]}
+    for name, op in ops.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(NotImplementedError, match="CPU"):
+                vmap(op)(q)
+        assert not [w for w in caught if "batching rule" in str(w.message)], name
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        vmap(lambda a: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(a, a, a)[0])(q)
+    assert [w for w in caught if "batching rule" in str(w.message)]
