@@ -22,11 +22,11 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 import yaml
 from tabulate import tabulate
 
 import structinit as si
+from benchmarks.train_throughput import eager_step
 from structinit.pipeline import build_model
 from structinit.train import BatchPipeline, lr_at, param_groups, train_models
 
@@ -40,7 +40,6 @@ def one_model_loop(model, data, cfg, device) -> float:
                             fused=device.type in ("cuda", "cpu"))
     bs = min(cfg.batch_size, len(train_y))
     steps = len(train_y) // bs
-    use_bf16 = cfg.amp == "bf16" or (cfg.amp == "auto" and device.type == "cuda")
     seconds = 0.0
     for epoch in range(cfg.epochs):
         t = time.perf_counter()
@@ -50,14 +49,7 @@ def one_model_loop(model, data, cfg, device) -> float:
             for g in opt.param_groups:
                 g["lr"] = lr_at(epoch * steps + i, steps * cfg.epochs, round(cfg.warmup_epochs * steps), cfg)
             rows = order[i * bs:(i + 1) * bs]
-            x, y = pipe.augment(train_x[rows], gen), train_y[rows]
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                logits = model(x)
-            loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
+            eager_step(model, opt, pipe.augment(train_x[rows], gen), train_y[rows], cfg, device)
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds += time.perf_counter() - t

@@ -53,6 +53,18 @@ class PILDataset(torch.utils.data.Dataset):
         return self.transform(img), self.labels[i]
 
 
+def eager_step(model, opt, x, y, cfg, device) -> torch.Tensor:
+    """One textbook training step of an eager module: forward, loss, backward, clip, AdamW."""
+    with _autocast(cfg, device):
+        logits = model(x)
+    loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+    return loss
+
+
 def baseline_train(model, data, cfg, device, workers):
     """The straightforward loop: DataLoader + per-image PIL transforms + eager model."""
     spec = data.spec
@@ -80,14 +92,7 @@ def baseline_train(model, data, cfg, device, workers):
             for g in opt.param_groups:
                 g["lr"] = lr_at(epoch * steps + i, total, warm, cfg)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with _autocast(cfg, device):
-                logits = model(x)
-            loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            loss.item()                                  # the usual per-step logging sync
+            eager_step(model, opt, x, y, cfg, device).item()   # the usual per-step logging sync
             seen += len(y)
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -112,13 +117,7 @@ def model_step_only(model, data, cfg, device, steps):
                             fused=device.type in ("cuda", "cpu"))
 
     def step():
-        with _autocast(cfg, device):
-            logits = model(x)
-        loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
+        eager_step(model, opt, x, y, cfg, device)
 
     for _ in range(3):
         step()                                           # warm-up: allocator, kernels
