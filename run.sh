@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${VENV:-.venv}
+case "$VENV" in /*) ;; *) VENV="$PWD/$VENV" ;; esac   # absolute: PATH below must not depend on cwd
 TORCH_SPEC=${TORCH_SPEC:-"torch==2.14.1 torchvision==0.29.1"}
 if [ ! -f "$VENV/.structinit-installed" ] || [ pyproject.toml -nt "$VENV/.structinit-installed" ]; then
   echo "setting up $VENV (first run: a few minutes) ..." >&2
@@ -17,7 +18,7 @@ if [ ! -f "$VENV/.structinit-installed" ] || [ pyproject.toml -nt "$VENV/.struct
   "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[test]'
   touch "$VENV/.structinit-installed"
 fi
-export PATH="$PWD/$VENV/bin:$PATH" DVC_NO_ANALYTICS=1
+export PATH="$VENV/bin:$PATH" DVC_NO_ANALYTICS=1
 cmd=${1:-test}
 shift || true
 case "$cmd" in
