@@ -30,7 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def copy_tree(dest: Path) -> None:
     """Code, params, dvc.lock and the prepared data: with the lock, DVC sees the download
-    stages as done (no second download) and runs only the new seeds' stages."""
+    stages as done (no second download) and re-runs the main table's stages, one per cell,
+    each training all the new seeds stacked (reference_solve included)."""
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO,
                            capture_output=True, text=True, check=True).stdout.split("\n")
     for f in filter(None, files):

@@ -144,7 +144,7 @@ def evaluate(model, images: torch.Tensor, labels: torch.Tensor, pipe: BatchPipel
 CHECKPOINT_FORMAT = 2      # 2: per-model optimizer state by parameter name (stacked trainer)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)                  # identity: runs.index(run) finds this run
 class _Run:
     """One model's training: its weights, history so far, optimizer state and checkpoint."""
     model: torch.nn.Module
@@ -286,6 +286,8 @@ def _stacked_adamw(stack: StackedModels, states: list[dict | None], cfg: TrainCo
     opt = torch.optim.AdamW(_decay_groups(list(named.values()), cfg.weight_decay, 1), lr=cfg.lr,
                             eps=cfg.adam_eps, fused=device.type in ("cuda", "cpu"))
     if states[0] is not None:                 # runs start together: all restored, or none
+        steps = {s["step"] if s else None for s in states}
+        assert len(steps) == 1, f"stacked runs at different optimizer steps {steps}"
         for name, p in named.items():
             opt.state[p] = {
                 "step": torch.tensor(float(states[0]["step"]), dtype=torch.float32, device=device),
