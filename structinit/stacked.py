@@ -121,12 +121,6 @@ class StackedModels:
         tensors = {**self.params, **self.buffers}
         return {k: tensors[k][i].detach().clone() for k in self.state_keys}
 
-    @torch.no_grad()
-    def load_member(self, i: int, state_dict: dict[str, torch.Tensor]) -> None:
-        tensors = {**self.params, **self.buffers}
-        for k in self.state_keys:
-            tensors[k][i].copy_(state_dict[k])
-
 
 def set_grads(params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor]) -> None:
     """p.grad = grads[name], in the parameter's own memory layout: gradients from

@@ -313,14 +313,6 @@ def _loss_and_grads(stack: StackedModels, x, y, cfg: TrainConfig, device):
     return stack.loss_and_grads(x, y, objective, lambda: _autocast(cfg, device))
 
 
-def _losses(logits: torch.Tensor, y: torch.Tensor, label_smoothing: float = 0.0,
-            reduction: str = "mean") -> torch.Tensor:
-    """(N, B, classes) logits, (N, B) labels -> each model's loss, (N,)."""
-    per_image = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none",
-                                label_smoothing=label_smoothing).view(y.shape)
-    return per_image.mean(1) if reduction == "mean" else per_image.sum(1)
-
-
 @torch.no_grad()
 def _evaluate_stacked(stack: StackedModels, images, labels, pipe: BatchPipeline,
                       cfg: TrainConfig, device: torch.device, batch_size: int = 1024) -> list[dict]:
@@ -332,7 +324,8 @@ def _evaluate_stacked(stack: StackedModels, images, labels, pipe: BatchPipeline,
         with _autocast(cfg, device):
             logits = stack(x, shared_input=True)                   # (N, B, classes)
         y = y.expand(stack.n, -1)
-        loss_sum += _losses(logits, y, reduction="sum")
+        loss_sum += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(),
+                                    reduction="none").view(y.shape).sum(1)
         correct += (logits.argmax(-1) == y).sum(1)
     stack.train()
     n = len(labels)
