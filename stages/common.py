@@ -1,4 +1,4 @@
-"""What every stage script shares: reading params.yaml, cell names, atomic writes.
+"""What every stage script shares: reading params.yaml, cell names, atomic writes, timing logs.
 
 Stages stay thin: parse arguments and params, call structinit, write outputs.
 """
@@ -10,9 +10,11 @@ import os
 import sys
 from pathlib import Path
 
-import yaml
+import structinit.params
+from structinit.errors import StructinitError
+from structinit.io import without_timings, write_atomic
 
-from structinit.io import write_atomic
+TIMINGS_DIR = Path("logs/timings")   # wall-clock times: beside the outputs, never in them
 
 
 def run_stage(main) -> None:
@@ -26,7 +28,10 @@ def run_stage(main) -> None:
     (which sets DVC_STAGE): run by hand, e.g. under a profiler, a stage exits normally.
     Errors take the normal path either way (traceback, non-zero status).
     """
-    main()
+    try:
+        main()
+    except StructinitError as e:      # bad input, damaged file, diverged run: the message says it all
+        sys.exit(f"error: {e}")
     if os.environ.get("DVC_STAGE"):
         atexit._run_exitfuncs()
         sys.stdout.flush()
@@ -35,8 +40,8 @@ def run_stage(main) -> None:
 
 
 def load_params(path: str | Path = "params.yaml") -> dict:
-    with open(path) as f:
-        return yaml.safe_load(f)
+    """params.yaml, checked against its schema (structinit/params.py): ParamsError otherwise."""
+    return structinit.params.load_params(path)
 
 
 def recipe(params: dict, dataset: str) -> dict:
@@ -74,6 +79,25 @@ def seeds_at(params: dict, dotted: str) -> list[int]:
 
 def write_json(path: str | Path, obj) -> None:
     write_atomic(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n"))
+
+
+def write_record(path: str | Path, record: dict) -> None:
+    """A JSON record that is a DVC output: the same bytes on every run, so its timings (keys
+    ending in "seconds") go to log_timings instead."""
+    write_json(path, without_timings(record))
+
+
+def log_timings(output: str | Path, timings: dict) -> None:
+    """Wall-clock figures of the run that wrote `output`, at logs/timings/<output>.json: not a
+    DVC output (they differ on every run) and not in git; `python -m benchmarks.timings`
+    collects them."""
+    output = Path(output)
+    if output.is_absolute():                   # keep the log under logs/timings, never beside
+        try:                                   # the output (inside a DVC output folder)
+            output = output.relative_to(Path.cwd())
+        except ValueError:
+            output = output.relative_to(output.anchor)
+    write_json(TIMINGS_DIR / output.with_suffix(".json"), timings)
 
 
 def write_text(path: str | Path, text: str) -> None:

@@ -2,8 +2,8 @@
 per seed of grid.seeds (<out>/seed<s>.pt, <record>/seed<s>.json)."""
 import argparse
 
-from stages.common import load_params, recipe, run_stage, seed_dir, seeds_at, write_json
-from structinit.io import save_torch
+from stages.common import load_params, log_timings, recipe, run_stage, seed_dir, seeds_at, write_record
+from structinit.io import save_checked, without_timings
 from structinit.data import get_spec
 from structinit.init.impulse import solve_impulse_qk
 from structinit.pipeline import impulse_options, model_grid
@@ -15,7 +15,7 @@ def main():
     ap.add_argument("--kernel", type=int, required=True)
     ap.add_argument("--seeds-from", required=True, metavar="KEY", help="e.g. grid.seeds")
     ap.add_argument("--out", required=True, help="folder of solutions (seed<s>.pt)")
-    ap.add_argument("--record", required=True, help="folder of solve records (seed<s>.json: time, fit)")
+    ap.add_argument("--record", required=True, help="folder of solve records (seed<s>.json: fit, softness)")
     a = ap.parse_args()
     params = load_params()
     model_cfg = recipe(params, a.dataset)["model"]
@@ -24,11 +24,12 @@ def main():
         sol = solve_impulse_qk(model_grid(model_cfg, spec), model_cfg["embed_dim"], model_cfg["num_heads"],
                                model_cfg["depth"], kernel=a.kernel, seed=seed,
                                **impulse_options(params["init"]))
-        save_torch(seed_dir(a.out, seed).with_suffix(".pt"), sol.to_dict())
+        save_checked(seed_dir(a.out, seed).with_suffix(".pt"), without_timings(sol.to_dict()))
         info = sol.solver_info["layer0"]
-        write_json(seed_dir(a.record, seed).with_suffix(".json"), {
+        log_timings(seed_dir(a.record, seed), {"solve_seconds": sol.solve_seconds})
+        write_record(seed_dir(a.record, seed).with_suffix(".json"), {
             "dataset": a.dataset, "kernel": a.kernel, "seed": seed, "solver": sol.options["solver"],
-            "solve_seconds": sol.solve_seconds, "loss": sol.loss, "target_mass": sol.target_mass,
+            "loss": sol.loss, "target_mass": sol.target_mass,
             "solves": sol.solver_info["solves"], "offsets_layer0": sol.offsets[0],
             "steps_run": info.get("steps_run"), "stopped_early": info.get("stopped_early"),
             "model": model_cfg})

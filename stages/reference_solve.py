@@ -8,7 +8,7 @@ when the model shape, the offsets or the solver code change.
 """
 import argparse
 
-from stages.common import load_params, recipe, run_stage, seed_dir, seeds_at, write_json
+from stages.common import load_params, log_timings, recipe, run_stage, seed_dir, seeds_at, write_record
 from structinit.data import get_spec
 from structinit.init.impulse import solve_impulse_qk
 from structinit.pipeline import model_grid
@@ -31,7 +31,8 @@ def main():
         sol = solve_impulse_qk(model_grid(model_cfg, get_spec(a.dataset)), model_cfg["embed_dim"],
                                model_cfg["num_heads"], 1, kernel=a.kernel, seed=seed, solver="adam", **opts)
         info = sol.solver_info["layer0"]
-        write_json(seed_dir(a.record, seed).with_suffix(".json"), {
+        log_timings(seed_dir(a.record, seed), {"solve_seconds": sol.solve_seconds})
+        write_record(seed_dir(a.record, seed).with_suffix(".json"), {
             "dataset": a.dataset, "kernel": a.kernel, "seed": seed, "solver": "adam (official loop)",
             "steps_run": info["steps_run"], "loss": sol.loss, "target_mass": sol.target_mass,
             "offsets_layer0": sol.offsets[0], "model": model_cfg, **opts})

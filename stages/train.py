@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 from dvclive import Live
 
-from stages.common import load_params, recipe, run_stage, seed_dir, seeds_at, write_json
-from structinit.io import save_torch
+from stages.common import (load_params, log_timings, recipe, run_stage, seed_dir, seeds_at,
+                           write_record)
+from structinit.io import CorruptFileError, load_checked, save_torch, without_timings
 from structinit import ImageData, ImpulseSolution, TrainConfig, initialize, stratified_subset
 from structinit.models import create_convmixer
 from structinit.pipeline import build_model, impulse_options, parse_pseudo_variant
@@ -69,22 +70,18 @@ def build(a, params, rec, spec, seed):
     options = {}
     if a.init == "impulse":
         if a.solutions:
-            solution = torch.load(seed_dir(a.solutions, seed).with_suffix(".pt"), weights_only=False)
-            options["solution"] = ImpulseSolution.from_dict(solution)
+            path = seed_dir(a.solutions, seed).with_suffix(".pt")
+            solution = load_checked(path, f"a pre-optimization artifact: re-create it with dvc repro -f "
+                                          f"preoptimize@{a.dataset}-{a.kernel}")
+            try:
+                options["solution"] = ImpulseSolution.from_dict(solution)
+            except (TypeError, KeyError, AttributeError) as e:
+                raise CorruptFileError(f"{path} is not a pre-optimization artifact ({e})") from None
         else:
             options = {**impulse_options(params["init"]), "kernel": a.kernel,
                        **(parse_pseudo_variant(a.pseudo) if a.pseudo else {})}
     record = initialize(model, a.init, seed=seed, **options)
     return model, {"model": "vit", **model_cfg, **record.to_dict()}
-
-
-def without_timings(obj):
-    """A copy of a record without its wall-clock fields (any key ending in "seconds")."""
-    if isinstance(obj, dict):
-        return {k: without_timings(v) for k, v in obj.items() if not str(k).endswith("seconds")}
-    if isinstance(obj, (list, tuple)):
-        return [without_timings(v) for v in obj]
-    return obj
 
 
 def cell_fingerprint(init_record: dict, subset) -> dict:
@@ -128,9 +125,13 @@ def main():
         for live, history in zip(lives, histories):
             live.summary["best_test_acc"] = max(h["test_acc"] for h in history if "test_acc" in h)
             live.summary["final_test_acc"] = history[-1]["test_acc"]
-            live.summary["median_images_per_s"] = sorted(h["images_per_s"] for h in history)[len(history) // 2]
     for seed, record, model, history in zip(seeds, records, models, histories):
-        write_json(seed_dir(a.out, seed) / "init.json", record)
+        write_record(seed_dir(a.out, seed) / "init.json", record)
+        log_timings(seed_dir(a.out, seed), {
+            "median_images_per_s": sorted(h["images_per_s"] for h in history)[len(history) // 2],
+            "solve_seconds": record.get("solve_seconds"),
+            "epochs": [{k: h[k] for k in ("epoch", "train_seconds", "seconds", "images_per_s")}
+                       for h in history]})
         save_torch(seed_dir(a.model_out, seed).with_suffix(".pt"), model.state_dict())
         seed_dir(ckpt_dir, seed).with_suffix(".pt").unlink(missing_ok=True)
         print(f"{cell}-{seed}: final test acc {history[-1]['test_acc']:.4f}")

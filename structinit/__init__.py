@@ -21,6 +21,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from .numerics import pin_cpu_numerics
+
+pin_cpu_numerics()      # before any torch kernel runs: same bytes on every x86-64 CPU (numerics.py)
+
 _EXPORTS = {
     ".attention": ("AttentionMaps", "attention_maps"),
     ".data": ("DATASETS", "ImageData", "get_spec", "prepare_dataset", "stratified_subset"),
@@ -29,8 +33,8 @@ _EXPORTS = {
     ".train": ("TrainConfig", "default_device", "train_model", "train_models"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-_SUBMODULES = ("attention", "augment", "cpu_chunks", "data", "init", "io", "models", "pipeline",
-               "report", "stacked", "stats", "train")
+_SUBMODULES = ("attention", "augment", "config", "cpu_chunks", "data", "datasets", "errors", "init",
+               "io", "models", "numerics", "params", "pipeline", "report", "stacked", "stats", "train")
 __all__ = list(_MODULE_OF)
 
 

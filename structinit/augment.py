@@ -11,11 +11,11 @@ timm's "increasing" RandAugment (inc1): magnitude m in [0, 10] drawn as N(m, mst
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from .config import RandAugmentPolicy  # noqa: F401  (re-exported: the policy string's parser)
 
 OPS = ("AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize", "SolarizeAdd",
        "Color", "Contrast", "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateX",
@@ -23,31 +23,6 @@ OPS = ("AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize", 
 GEOMETRIC = ("Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY")
 
 
-@dataclass(frozen=True)
-class RandAugmentPolicy:
-    magnitude: float = 9.0
-    magnitude_std: float = 0.5
-    num_layers: int = 2
-    prob: float = 0.5
-    increasing: bool = True
-
-    @classmethod
-    def parse(cls, spec: str) -> "RandAugmentPolicy":
-        """timm's config string, e.g. "rand-m9-mstd0.5-inc1" (keys m, mstd, n, p, inc)."""
-        parts = spec.split("-")
-        if parts[0] != "rand":
-            raise ValueError(f"randaugment={spec!r}: must start with 'rand', e.g. 'rand-m9-mstd0.5-inc1'")
-        kw = {}
-        names = {"m": "magnitude", "mstd": "magnitude_std", "n": "num_layers", "p": "prob", "inc": "increasing"}
-        for part in parts[1:]:
-            match = re.fullmatch(r"([a-z]+)([\d.]+)", part)
-            if not match or match[1] not in names:
-                raise ValueError(f"randaugment={spec!r}: unknown part {part!r}; known keys: {list(names)}")
-            key, val = names[match[1]], float(match[2])
-            kw[key] = int(val) if key == "num_layers" else bool(val) if key == "increasing" else val
-        if not kw.get("increasing", False):
-            raise ValueError(f"randaugment={spec!r}: only the increasing op set (inc1) is implemented")
-        return cls(**kw)
 
 
 def _blend(img, other, factor):

@@ -15,17 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .io import save_torch
-
-
-@dataclass(frozen=True)
-class DatasetSpec:
-    name: str
-    image_size: int
-    channels: int
-    num_classes: int
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
+from .datasets import DATASETS, DatasetSpec, get_spec  # noqa: F401  (re-exported)
+from .io import CorruptFileError, load_checked, save_checked
 
 
 @dataclass
@@ -37,35 +28,46 @@ class ImageData:
     test_labels: torch.Tensor
 
     def save(self, path: str | Path) -> None:
-        """Atomic save (write then rename), so an interrupted run never leaves half a file."""
-        save_torch(path, {"spec": asdict(self.spec), "train_images": self.train_images,
-                          "train_labels": self.train_labels, "test_images": self.test_images,
-                          "test_labels": self.test_labels})
+        """Atomic save (write then rename) with a checksum: an interrupted run never leaves
+        half a file, and a damaged one is detected on load."""
+        save_checked(path, {"spec": asdict(self.spec), "train_images": self.train_images,
+                            "train_labels": self.train_labels, "test_images": self.test_images,
+                            "test_labels": self.test_labels})
 
     @classmethod
     def load(cls, path: str | Path) -> "ImageData":
-        d = torch.load(path, weights_only=True)
-        spec = d.pop("spec")
-        spec = DatasetSpec(**{**spec, "mean": tuple(spec["mean"]), "std": tuple(spec["std"])})
-        return cls(spec=spec, **d)
+        """A prepared dataset; CorruptFileError (naming the file) if it is damaged."""
+        d = load_checked(path, "a prepared dataset: re-create it with dvc repro -f download@<dataset>")
+        try:
+            spec = d.pop("spec")
+            spec = DatasetSpec(**{**spec, "mean": tuple(spec["mean"]), "std": tuple(spec["std"])})
+            data = cls(spec=spec, **d)
+        except (KeyError, TypeError, AttributeError) as e:
+            raise CorruptFileError(f"{path} is not a prepared dataset ({e})") from None
+        data.check(path)
+        return data
+
+    def check(self, source="dataset") -> None:
+        """Shapes, dtypes and label range as the spec says; CorruptFileError otherwise."""
+        s = self.spec
+        for split in ("train", "test"):
+            x, y = getattr(self, f"{split}_images"), getattr(self, f"{split}_labels")
+            want = (s.channels, s.image_size, s.image_size)
+            if x.dtype != torch.uint8 or x.ndim != 4 or tuple(x.shape[1:]) != want:
+                raise CorruptFileError(f"{source}: {split} images are {x.dtype} {tuple(x.shape)}, "
+                                       f"expected uint8 (N, {', '.join(map(str, want))})")
+            if y.dtype != torch.int64 or y.shape != (len(x),) or len(x) == 0:
+                raise CorruptFileError(f"{source}: {split} labels are {y.dtype} {tuple(y.shape)}, "
+                                       f"expected int64 ({len(x)},) for {len(x)} images")
+            if y.min() < 0 or y.max() >= s.num_classes:
+                raise CorruptFileError(f"{source}: {split} labels span {int(y.min())}..{int(y.max())}, "
+                                       f"expected 0..{s.num_classes - 1}")
 
 
-CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2471, 0.2435, 0.2616)
-DATASETS = {
-    # digits: mean/std of all 1,797 images scaled to [0, 1].
-    "digits": DatasetSpec("digits", 8, 1, 10, (0.3053,), (0.3760,)),
-    "cifar10": DatasetSpec("cifar10", 32, 3, 10, CIFAR_MEAN, CIFAR_STD),
-    "cifar100": DatasetSpec("cifar100", 32, 3, 100, CIFAR_MEAN, CIFAR_STD),
-    "svhn": DatasetSpec("svhn", 32, 3, 10, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
-}
 DIGITS_TEST_FRACTION = 0.2
 DIGITS_SPLIT_SEED = 0
 
 
-def get_spec(name: str) -> DatasetSpec:
-    if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; choose one of {tuple(DATASETS)}")
-    return DATASETS[name]
 
 
 def prepare_dataset(name: str, root: str | Path = "data/raw", download: bool = True) -> ImageData:

@@ -1,6 +1,7 @@
 """Glue between params.yaml's plain dicts and the library (used by stages/)."""
 from __future__ import annotations
 
+from .config import parse_pseudo_variant  # noqa: F401  (re-exported)
 from .data import DatasetSpec
 from .models.vit import create_vit
 
@@ -23,20 +24,3 @@ def impulse_options(init_params: dict) -> dict:
     solver = opts.get("solver", "closed_form")
     opts.update(init_params.get(solver) or {})   # e.g. init.adam: {steps: ..., lr: ...}
     return opts
-
-
-def parse_pseudo_variant(variant: str) -> dict:
-    """Pseudo-input ablation cell name -> impulse options.
-
-    "<first><rest>[L]": pseudo-input of block 0, of the later blocks (P, U, G, A, B), and an
-    optional "L" for a per-layer solve (default: one shared solve). "PP" is the main grid's
-    structured init; "UPL" = U for block 0, P after, each block solved afresh.
-    """
-    from .init.impulse import PSEUDO_INPUTS
-
-    per_layer = variant.endswith("L")
-    core = variant[:-1] if per_layer else variant
-    if len(core) != 2 or any(c not in PSEUDO_INPUTS for c in core):
-        raise ValueError(f"pseudo-input variant {variant!r}: expected two of {PSEUDO_INPUTS} "
-                         "(first block, later blocks) and an optional 'L' (per-layer solve), e.g. 'UP', 'PPL'")
-    return {"pseudo_input": core[0], "pseudo_input_rest": core[1], "per_layer": per_layer}

@@ -27,45 +27,22 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .augment import RandAugmentPolicy, rand_augment, random_hflip
+from .augment import rand_augment, random_hflip
+from .config import AMP_MODES, RandAugmentPolicy, TrainConfig  # noqa: F401  (TrainConfig: re-exported)
 from .cpu_chunks import ChunkedBackward, plan_cpu_chunks
 from .data import ImageData
-from .io import save_torch
+from .errors import StructinitError
+from .io import CorruptFileError, load_checked, save_checked
+from .numerics import use_pinned_threads
 from .stacked import StackedModels, clip_grad_norm_per_model, set_grads
 
-AMP_MODES = ("auto", "bf16", "off")
 
 
-@dataclass
-class TrainConfig:
-    """Defaults are the paper's small-dataset recipe (method page, section 5)."""
-    epochs: int = 200
-    batch_size: int = 512
-    lr: float = 1e-3
-    min_lr: float = 1e-6
-    warmup_epochs: float = 10
-    weight_decay: float = 0.01
-    adam_eps: float = 1e-3
-    grad_clip: float = 3.0
-    label_smoothing: float = 0.1
-    randaugment: str | None = "rand-m9-mstd0.5-inc1"
-    hflip: bool = True
-    amp: str = "auto"            # auto: bf16 autocast on CUDA, fp32 on CPU
-    cpu_chunks: str | int = "auto"  # CPU: run each batch as n single-threaded chunks (cpu_chunks.py)
-    eval_every: int = 1          # test-set evaluation every n epochs (and always after the last)
-    seed: int = 0
+class NonFiniteLossError(StructinitError, FloatingPointError):
+    """A model's training loss became NaN or inf: the cell has failed (its last finished
+    epoch's checkpoint is kept; nothing after it is written)."""
 
-    def __post_init__(self):
-        if self.amp not in AMP_MODES:
-            raise ValueError(f"amp={self.amp!r}; choose one of {AMP_MODES}")
-        for name in ("epochs", "batch_size", "eval_every"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
-        if self.cpu_chunks != "auto" and (isinstance(self.cpu_chunks, bool)
-                                          or not isinstance(self.cpu_chunks, int) or self.cpu_chunks < 1):
-            raise ValueError(f"cpu_chunks={self.cpu_chunks!r}: use 'auto' or a positive integer (1 = off)")
-        if self.randaugment:
-            RandAugmentPolicy.parse(self.randaugment)  # fail now, not mid-run
+
 
 
 def default_device() -> torch.device:
@@ -194,6 +171,8 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
                              "with one recipe (they may differ in seed)")
     cfg = cfgs[0]
     device = torch.device(device) if device is not None else default_device()
+    if device.type == "cpu":
+        use_pinned_threads()                  # the bytes depend on the thread count (numerics.py)
     checkpoint_paths = checkpoint_paths or [None] * len(models)
     fingerprints = fingerprints or [None] * len(models)
     runs = [_Run(m.to(device), c, Path(p) if p else None,
@@ -257,7 +236,7 @@ def _train_epochs(epochs, group, runs, stack, chunked, opt, pipe, train_x, train
         for i, (run, metrics) in enumerate(zip(group, per_model)):
             run.history.append(metrics)
             if run.checkpoint is not None:
-                save_torch(run.checkpoint, {
+                save_checked(run.checkpoint, {
                     "fingerprint": run.fingerprint, "epoch": epoch, "history": run.history,
                     "model": stack.state_dict_of(i), "optimizer": _optimizer_state_of(opt, stack, i)})
         for run, metrics in zip(group, per_model):
@@ -266,14 +245,32 @@ def _train_epochs(epochs, group, runs, stack, chunked, opt, pipe, train_x, train
 
 
 def _restore(run: _Run, device: torch.device) -> None:
+    """Resume from run.checkpoint if it is sound and was written for this run's configuration;
+    a damaged one is discarded (renamed *.corrupt), never resumed from."""
     if run.checkpoint is None or not run.checkpoint.exists():
         return
-    state = torch.load(run.checkpoint, map_location=device, weights_only=False)
-    if state.get("fingerprint") != run.fingerprint:
-        print(f"ignoring {run.checkpoint}: it was written for a different configuration")
+    try:
+        state = load_checked(run.checkpoint, "a training checkpoint", map_location=device)
+        if not isinstance(state, dict) or state.get("fingerprint") != run.fingerprint:
+            print(f"ignoring {run.checkpoint}: it was written for a different configuration")
+            return
+        backup = {k: v.clone() for k, v in run.model.state_dict().items()}
+        try:
+            run.model.load_state_dict(state["model"])
+            history, optimizer = state["history"], state["optimizer"]
+            if len(history) != state["epoch"] + 1 or not isinstance(optimizer, dict):
+                raise KeyError("history/epoch/optimizer")
+        except (KeyError, RuntimeError, TypeError) as e:
+            run.model.load_state_dict(backup)
+            raise CorruptFileError(f"{run.checkpoint} (a training checkpoint) is not a sound "
+                                   f"checkpoint of this model: {str(e).splitlines()[0]}") from None
+    except CorruptFileError as e:
+        bad = run.checkpoint.with_name(run.checkpoint.name + ".corrupt")
+        run.checkpoint.replace(bad)
+        print(f"discarding an unusable checkpoint ({e}); moved to {bad}; "
+              "this model trains from its first epoch")
         return
-    run.model.load_state_dict(state["model"])
-    run.optimizer, run.history = state["optimizer"], state["history"]
+    run.optimizer, run.history = optimizer, history
     print(f"resuming from {run.checkpoint} after epoch {run.epochs_done}/{run.cfg.epochs}")
 
 
@@ -333,6 +330,18 @@ def _evaluate_stacked(stack: StackedModels, images, labels, pipe: BatchPipeline,
             for loss, c in zip(loss_sum.tolist(), correct.tolist())]
 
 
+def _stop_if_nonfinite(first_bad_step: torch.Tensor, seeds: list[int], epoch: int,
+                       steps_per_epoch: int) -> None:
+    bad = [(seed, step) for seed, step in zip(seeds, first_bad_step.tolist()) if step >= 0]
+    if bad:
+        seed, step = bad[0]
+        raise NonFiniteLossError(
+            f"training loss or gradient of seed {seed} became NaN or inf at epoch {epoch + 1}, step {step + 1} of "
+            f"{steps_per_epoch} (global step {epoch * steps_per_epoch + step + 1}); this cell has "
+            f"failed{' (also seeds ' + str([s for s, _ in bad[1:]]) + ')' if len(bad) > 1 else ''}"
+            " and nothing after its last finished epoch was written. Lower the lr or check the data.")
+
+
 def _train_epoch(epoch, stack, chunked, opt, pipe, train_x, train_y, batch_size, seeds,
                  cfg, device, progress) -> list[dict]:
     """One pass of every stacked model over the (shuffled) training set, each in its own
@@ -345,6 +354,10 @@ def _train_epoch(epoch, stack, chunked, opt, pipe, train_x, train_y, batch_size,
     orders = [torch.randperm(len(train_y), device=device, generator=g) for g in gens]
     loss_sum = torch.zeros(stack.n, device=device)
     correct = torch.zeros(stack.n, device=device, dtype=torch.long)
+    first_bad_step = torch.full((stack.n,), -1, device=device, dtype=torch.long)  # per model
+    # A NaN/inf loss ends the cell. On CPU a check per step costs nothing; on a GPU it would be
+    # a host sync per step, so there the device-side record is checked at the end of the epoch.
+    check_every = 1 if device.type == "cpu" else steps_per_epoch
     params = list(stack.trainable().values())
     bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}/{cfg.epochs}",
                disable=not progress, leave=False, mininterval=1.0)
@@ -372,7 +385,11 @@ def _train_epoch(epoch, stack, chunked, opt, pipe, train_x, train_y, batch_size,
             set_grads(stack.trainable(), grads)
             batch_loss_sum, batch_correct = losses * batch_size, (logits.argmax(-1) == y).sum(1)
             upcoming = batch(i + 1)
-        clip_grad_norm_per_model(params, cfg.grad_clip)
+        grad_norms = clip_grad_norm_per_model(params, cfg.grad_clip)          # (N,)
+        bad = ~torch.isfinite(batch_loss_sum) | ~torch.isfinite(grad_norms)
+        first_bad_step = torch.where((first_bad_step < 0) & bad, i, first_bad_step)
+        if (i + 1) % check_every == 0:
+            _stop_if_nonfinite(first_bad_step, seeds, epoch, steps_per_epoch)
         opt.step()
         loss_sum += batch_loss_sum
         correct += batch_correct

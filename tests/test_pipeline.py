@@ -34,10 +34,9 @@ def set_params(repo, **updates):
     (repo / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
 
 
-@pytest.fixture(scope="module")
-def tiny_repo(tmp_path_factory):
-    """A fresh copy of the project (what git would clone) with a tiny grid, run once."""
-    repo = tmp_path_factory.mktemp("structinit") / "repo"
+def tiny_repo_copy(root: Path) -> Path:
+    """A fresh copy of the project (what git would clone) with a tiny grid, committed, not run."""
+    repo = Path(root) / "repo"
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO,
                            capture_output=True, text=True, check=True).stdout.split("\n")
     for f in filter(None, files):
@@ -59,6 +58,13 @@ def tiny_repo(tmp_path_factory):
     sh(repo, "git", "init", "-q")
     sh(repo, "git", "add", "-A")
     sh(repo, "git", "commit", "-qm", "tiny")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def tiny_repo(tmp_path_factory):
+    """tiny_repo_copy, with its main table run once."""
+    repo = tiny_repo_copy(tmp_path_factory.mktemp("structinit"))
     first = sh(repo, "dvc", "repro", "aggregate")         # the main table alone
     return repo, first
 
@@ -159,7 +165,8 @@ def test_one_cell_and_kernel_experiment_and_metrics_diff(tiny_repo):
 def test_kernel_outside_grid_and_missing_cell_fail_loudly(tiny_repo):
     repo, _ = tiny_repo
     bad = sh(repo, "dvc", "exp", "run", "-S", "init.kernel=7", check=False)
-    assert bad.returncode != 0 and "init.kernel=7 is not in grid.kernels=[3, 5]" in bad.stdout + bad.stderr
+    assert bad.returncode != 0 and "params.yaml: init.kernel = 7: must be one of grid.kernels [3, 5]" in bad.stderr
+    assert "Running stage 'train" not in bad.stdout and "Traceback" not in bad.stderr
     set_params(repo, **{"init.kernel": 5})                  # the failed exp left 7 in the workspace
     shutil.move(repo / "results/train/digits-impulse5/seed1", repo / "moved")
     try:
@@ -180,7 +187,8 @@ def test_what_a_change_of_grid_seeds_reruns(tiny_repo):
     finally:
         set_params(repo, **{"grid.seeds": [0, 1]})
     ran = {line.split("'")[1].split("@")[0] for line in dry.split("\n") if "Running stage" in line}
-    assert ran == {"preoptimize", "reference_solve", "train_baseline", "train_impulse", "aggregate"}, ran
+    assert ran == {"check_params", "preoptimize", "reference_solve", "train_baseline", "train_impulse",
+                   "aggregate"}, ran
 
 
 def test_shrunk_grid_leaves_no_stale_rows(tiny_repo):

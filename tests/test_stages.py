@@ -66,3 +66,15 @@ def test_a_cell_solved_in_process_can_resume(digits):
     subset = torch.arange(20)
     assert cell_fingerprint(records[0], subset) == cell_fingerprint(records[1], subset)
     assert "solve_seconds" not in str(cell_fingerprint(records[0], subset))
+
+
+def test_timing_logs_stay_out_of_outputs(tmp_path, monkeypatch):
+    """Timings go to logs/timings/<output>.json, never into (or beside, inside) an output
+    folder, whether the output is given relative or absolute."""
+    from stages.common import TIMINGS_DIR, log_timings
+
+    monkeypatch.chdir(tmp_path)
+    log_timings("results/train/c/seed0", {"s": 1.0})
+    log_timings(tmp_path / "results/train/c/seed1", {"s": 2.0})
+    assert sorted(p.name for p in (tmp_path / TIMINGS_DIR / "results/train/c").iterdir()) == ["seed0.json", "seed1.json"]
+    assert not (tmp_path / "results").exists()

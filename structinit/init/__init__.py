@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..config import METHODS
 from ..models.vit import check_structured_vit, patch_grid, reset_position_encoding
 from . import solvers
 from .baselines import kaiming_uniform, trunc_normal
@@ -23,7 +24,6 @@ from .impulse import (ImpulseSolution, apply_impulse_solution, check_impulse_opt
                       kernel_offset, make_pseudo_input, solve_impulse_qk)
 from .mimetic import mimetic
 
-METHODS = ("trunc_normal", "kaiming_uniform", "mimetic", "impulse")
 MIMETIC_OPTIONS = ("alpha", "beta", "alpha_v", "beta_v")
 IMPULSE_OPTIONS = ("kernel", "offsets", "pseudo_input", "pseudo_input_rest", "per_layer",
                    "solver", "solution")

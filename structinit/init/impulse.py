@@ -21,11 +21,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ..config import OFFSET_ORDERS, PSEUDO_INPUTS
 from ..models.vit import check_structured_vit, patch_grid, sincos_position_encoding
+from ..numerics import use_pinned_threads
 from .solvers import SOLVERS, attention_from_qk, mean_target_mass
 
-PSEUDO_INPUTS = ("P", "U", "G", "A", "B")
-OFFSET_ORDERS = ("random", "fixed")
 
 
 def kernel_offset(kappa: int, kernel: int) -> tuple[int, int]:
@@ -110,7 +110,7 @@ class ImpulseSolution:
     offsets: list[list[tuple[int, int]]]
     grid: tuple[int, int]
     options: dict
-    solve_seconds: float
+    solve_seconds: float | None     # None when read back from an artifact (timings are not kept)
     loss: float             # MSE between solved maps and targets on the pseudo-input
     target_mass: float      # mean attention mass on the target key (rows with a target)
     solver_info: dict = field(default_factory=dict)
@@ -120,7 +120,7 @@ class ImpulseSolution:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ImpulseSolution":
-        d = dict(d)
+        d = {"solve_seconds": None, **d}
         d["offsets"] = [[tuple(o) for o in layer] for layer in d["offsets"]]
         d["grid"] = tuple(d["grid"])
         return cls(**d)
@@ -162,6 +162,7 @@ def solve_impulse_qk(grid: tuple[int, int], embed_dim: int, num_heads: int, dept
     per_layer=True solves every block afresh, with new offsets and a new pseudo-input draw.
     """
     grid = tuple(grid)
+    use_pinned_threads()            # the solve runs on CPU: its bytes depend on the thread count
     check_impulse_options(grid, embed_dim, num_heads, kernel=kernel, offsets=offsets,
                           pseudo_input=pseudo_input, pseudo_input_rest=pseudo_input_rest,
                           solver=solver)

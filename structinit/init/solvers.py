@@ -14,6 +14,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ..config import SOLVER_NAMES
 from .softness import official_target_mass
 
 def attention_from_qk(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
@@ -158,3 +159,4 @@ def _calibrate_softness(logits1, target, goal, iters=50):
 
 
 SOLVERS = {"closed_form": solve_qk_closed_form, "adam": solve_qk_adam}
+assert set(SOLVERS) == set(SOLVER_NAMES), "config.SOLVER_NAMES names the solvers for params.yaml's schema"

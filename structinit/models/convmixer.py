@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 from timm.models.convmixer import ConvMixer
 
-FILTER_MODES = ("learned", "random", "impulse", "box")
+from ..config import FILTER_MODES
+
 
 
 def create_convmixer(dim: int, depth: int, kernel_size: int, patch_size: int, num_classes: int,

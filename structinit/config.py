@@ -1,0 +1,102 @@
+"""Configuration types and option names, importable without torch.
+
+params.yaml's schema (params.py) checks a file against these before any stage imports torch,
+so they live here, once, and the modules that act on them import them from here:
+TrainConfig (the trainer's recipe), RandAugmentPolicy (its augmentation string), and the names
+of initializers, ConvMixer filter modes, pseudo-inputs, offset orders, solvers and AMP modes.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+METHODS = ("trunc_normal", "kaiming_uniform", "mimetic", "impulse")   # initialize(model, method)
+FILTER_MODES = ("learned", "random", "impulse", "box")                # ConvMixer spatial filters
+PSEUDO_INPUTS = ("P", "U", "G", "A", "B")         # P sin-cos PE, U uniform, G gaussian, A=P+U, B=P+G
+OFFSET_ORDERS = ("random", "fixed")               # how heads get their (m, n) offsets
+SOLVER_NAMES = ("adam", "closed_form")            # keys of init/solvers.py's SOLVERS
+AMP_MODES = ("auto", "bf16", "off")
+
+
+def parse_pseudo_variant(variant: str) -> dict:
+    """Pseudo-input ablation cell name -> impulse options.
+
+    "<first><rest>[L]": pseudo-input of block 0, of the later blocks (P, U, G, A, B), and an
+    optional "L" for a per-layer solve (default: one shared solve). "PP" is the main grid's
+    structured init; "UPL" = U for block 0, P after, each block solved afresh.
+    """
+    per_layer = variant.endswith("L")
+    core = variant[:-1] if per_layer else variant
+    if len(core) != 2 or any(c not in PSEUDO_INPUTS for c in core):
+        raise ValueError(f"pseudo-input variant {variant!r}: expected two of {PSEUDO_INPUTS} "
+                         "(first block, later blocks) and an optional 'L' (per-layer solve), e.g. 'UP', 'PPL'")
+    return {"pseudo_input": core[0], "pseudo_input_rest": core[1], "per_layer": per_layer}
+
+
+@dataclass(frozen=True)
+class RandAugmentPolicy:
+    magnitude: float = 9.0
+    magnitude_std: float = 0.5
+    num_layers: int = 2
+    prob: float = 0.5
+    increasing: bool = True
+
+    @classmethod
+    def parse(cls, spec: str) -> "RandAugmentPolicy":
+        """timm's config string, e.g. "rand-m9-mstd0.5-inc1" (keys m, mstd, n, p, inc)."""
+        parts = spec.split("-")
+        if parts[0] != "rand":
+            raise ValueError(f"randaugment={spec!r}: must start with 'rand', e.g. 'rand-m9-mstd0.5-inc1'")
+        kw = {}
+        names = {"m": "magnitude", "mstd": "magnitude_std", "n": "num_layers", "p": "prob", "inc": "increasing"}
+        for part in parts[1:]:
+            match = re.fullmatch(r"([a-z]+)([\d.]+)", part)
+            if not match or match[1] not in names:
+                raise ValueError(f"randaugment={spec!r}: unknown part {part!r}; known keys: {list(names)}")
+            key, val = names[match[1]], float(match[2])
+            kw[key] = int(val) if key == "num_layers" else bool(val) if key == "increasing" else val
+        if not kw.get("increasing", False):
+            raise ValueError(f"randaugment={spec!r}: only the increasing op set (inc1) is implemented")
+        return cls(**kw)
+
+
+@dataclass
+class TrainConfig:
+    """Defaults are the paper's small-dataset recipe (method page, section 5)."""
+    epochs: int = 200
+    batch_size: int = 512
+    lr: float = 1e-3
+    min_lr: float = 1e-6
+    warmup_epochs: float = 10
+    weight_decay: float = 0.01
+    adam_eps: float = 1e-3
+    grad_clip: float = 3.0
+    label_smoothing: float = 0.1
+    randaugment: str | None = "rand-m9-mstd0.5-inc1"
+    hflip: bool = True
+    amp: str = "auto"            # auto: bf16 autocast on CUDA, fp32 on CPU
+    cpu_chunks: str | int = "auto"  # CPU: run each batch as n single-threaded chunks (cpu_chunks.py)
+    eval_every: int = 1          # test-set evaluation every n epochs (and always after the last)
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.amp not in AMP_MODES:
+            raise ValueError(f"amp={self.amp!r}; choose one of {AMP_MODES}")
+        for name in ("epochs", "batch_size", "eval_every"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
+        if self.cpu_chunks != "auto" and (isinstance(self.cpu_chunks, bool)
+                                          or not isinstance(self.cpu_chunks, int) or self.cpu_chunks < 1):
+            raise ValueError(f"cpu_chunks={self.cpu_chunks!r}: use 'auto' or a positive integer (1 = off)")
+        bounds = {"lr": self.lr > 0, "min_lr": 0 <= self.min_lr <= self.lr,
+                  "warmup_epochs": self.warmup_epochs >= 0,
+                  "weight_decay": self.weight_decay >= 0, "adam_eps": self.adam_eps > 0,
+                  "grad_clip": self.grad_clip > 0, "label_smoothing": 0 <= self.label_smoothing < 1}
+        allowed = {"lr": "> 0", "min_lr": "between 0 and lr", "warmup_epochs": ">= 0",
+                   "weight_decay": ">= 0", "adam_eps": "> 0", "grad_clip": "> 0",
+                   "label_smoothing": "in [0, 1)"}
+        for name, ok in bounds.items():
+            if not ok:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be {allowed[name]}")
+        if self.randaugment:
+            RandAugmentPolicy.parse(self.randaugment)  # fail now, not mid-run

@@ -1,0 +1,32 @@
+"""What each dataset is (size, channels, classes, normalization), importable without torch:
+params.yaml's schema checks kernels and patch sizes against it before any stage imports torch.
+Loading and preparing the data is data.py's job."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    name: str
+    image_size: int
+    channels: int
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2471, 0.2435, 0.2616)
+DATASETS = {
+    # digits: mean/std of all 1,797 images scaled to [0, 1].
+    "digits": DatasetSpec("digits", 8, 1, 10, (0.3053,), (0.3760,)),
+    "cifar10": DatasetSpec("cifar10", 32, 3, 10, CIFAR_MEAN, CIFAR_STD),
+    "cifar100": DatasetSpec("cifar100", 32, 3, 100, CIFAR_MEAN, CIFAR_STD),
+    "svhn": DatasetSpec("svhn", 32, 3, 10, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
+}
+
+
+def get_spec(name: str) -> DatasetSpec:
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {tuple(DATASETS)}")
+    return DATASETS[name]

@@ -1,0 +1,431 @@
+"""params.yaml's schema: every key, its type and range, and the rules across keys.
+
+    load_params("params.yaml") -> the file's dict, or ParamsError listing every problem, one line
+                                  each: the key path, the bad value, what is allowed
+
+Every stage checks the whole file before it does any work (stages/__init__.py, before the
+stage imports torch), so a typo in a study's section fails the first stage in seconds instead
+of after the main table. Unknown keys are refused: a misspelt key would otherwise be ignored
+and its intended value silently never used. Torch-free on purpose (config.py, datasets.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from pathlib import Path
+from typing import Annotated, Literal, Optional
+
+import yaml
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator,
+                      model_validator)
+
+from .config import FILTER_MODES, METHODS, OFFSET_ORDERS, PSEUDO_INPUTS, SOLVER_NAMES, TrainConfig, \
+    parse_pseudo_variant
+from .datasets import DATASETS
+from .errors import StructinitError
+
+BASELINES = tuple(m for m in METHODS if m != "impulse")   # kernel-independent initializers
+
+
+class ParamsError(StructinitError, ValueError):
+    """params.yaml is not valid; the message has one line per problem."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+PosInt = Annotated[int, Field(gt=0)]
+PosFloat = Annotated[float, Field(gt=0)]
+Dataset = Literal[tuple(DATASETS)]
+Seeds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
+def _unique(values: list) -> list:
+    twice = sorted({v for v in values if values.count(v) > 1}, key=str)
+    if twice:
+        raise ValueError(f"{twice} listed twice; each entry once")
+    return values
+
+
+class Grid(_Section):
+    datasets: Annotated[list[Dataset], Field(min_length=1)]
+    baselines: list[Literal[BASELINES]]
+    kernels: Annotated[list[PosInt], Field(min_length=1)]
+    seeds: Seeds
+    _unique = field_validator("datasets", "baselines", "kernels", "seeds")(_unique)
+
+
+class ClosedForm(_Section):              # keyword options of init/solvers.solve_qk_closed_form
+    target_mass: Optional[Annotated[float, Field(gt=0, lt=1)]] = None
+    rtol: PosFloat = 0.03
+    filler_std: Annotated[float, Field(ge=0)] = 0.02
+
+
+class Adam(_Section):                    # keyword options of init/solvers.solve_qk_adam
+    steps: PosInt = 10_000
+    lr: PosFloat = 1e-4
+    early_stop: bool = False
+    renorm_every: PosInt = 100
+    tol: PosFloat = 1e-3
+    window: PosInt = 1000
+
+
+class Init(_Section):
+    kernel: PosInt
+    solver: Literal[SOLVER_NAMES]
+    offsets: Literal[OFFSET_ORDERS]
+    pseudo_input: Literal[PSEUDO_INPUTS]
+    pseudo_input_rest: Optional[Literal[PSEUDO_INPUTS]]
+    per_layer: bool
+    closed_form: ClosedForm
+    adam: Adam
+
+
+class Data(_Section):
+    train_size: Optional[float | int]
+    subset_seed: Annotated[int, Field(ge=0)]
+
+    @field_validator("train_size")
+    @classmethod
+    def _fraction_or_count(cls, v):
+        if v is None or (isinstance(v, int) and v >= 1) or (isinstance(v, float) and 0 < v <= 1):
+            return v
+        raise ValueError("must be null (all images), a fraction in (0, 1] or a count >= 1")
+
+
+class VitModel(_Section):                # create_vit's shape arguments
+    patch_size: PosInt
+    embed_dim: PosInt
+    depth: PosInt
+    num_heads: PosInt
+    mlp_ratio: PosFloat = 4.0
+
+
+class _TrainBase(_Section):
+    @model_validator(mode="after")
+    def _as_train_config(self):
+        TrainConfig(**self.model_dump(), seed=0)   # its own checks: ranges, amp, randaugment
+        if self.warmup_epochs > self.epochs:       # allowed in the library, a slip in a recipe
+            raise ValueError(f"warmup_epochs={self.warmup_epochs}: must be between 0 and epochs ({self.epochs})")
+        return self
+
+
+def _train_section() -> type[BaseModel]:
+    """recipes.<dataset>.train: TrainConfig's fields (its seed comes from the seed lists)."""
+    hints = typing.get_type_hints(TrainConfig)
+    fields = {f.name: (hints[f.name], f.default) for f in dataclasses.fields(TrainConfig)
+              if f.name != "seed"}
+    return create_model("Train", __base__=_TrainBase, **fields)
+
+
+Train = _train_section()
+
+
+class Recipe(_Section):
+    model: VitModel
+    train: Train
+
+
+class ConvmixerStudy(_Section):
+    datasets: Annotated[list[Dataset], Field(min_length=1)]
+    sizes: Annotated[list[str], Field(min_length=1)]
+    modes: Annotated[list[Literal[FILTER_MODES]], Field(min_length=1)]
+    seeds: Seeds
+    _unique = field_validator("datasets", "sizes", "modes", "seeds")(_unique)
+
+
+class PseudoInputStudy(_Section):
+    datasets: Annotated[list[Dataset], Field(min_length=1)]
+    kernel: PosInt
+    variants: Annotated[list[str], Field(min_length=1)]
+    seeds: Seeds
+    _unique = field_validator("datasets", "variants", "seeds")(_unique)
+
+    @field_validator("variants")
+    @classmethod
+    def _variants(cls, variants):
+        for v in variants:
+            parse_pseudo_variant(v)                 # its ValueError names what is allowed
+        return variants
+
+
+class HeadsWidthStudy(_Section):
+    datasets: Annotated[list[Dataset], Field(min_length=1)]
+    shapes: Annotated[list[str], Field(min_length=1)]
+    inits: Annotated[list[str], Field(min_length=1)]
+    seeds: Seeds
+    _unique = field_validator("datasets", "shapes", "inits", "seeds")(_unique)
+
+    @field_validator("inits")
+    @classmethod
+    def _inits(cls, inits):
+        for name in inits:
+            if name not in BASELINES and _impulse_kernel(name) is None:
+                raise ValueError(f"{name!r} is not an initializer; allowed: {list(BASELINES)} "
+                                 "or impulse<k> (the structured init, k x k kernel, e.g. impulse3)")
+        return inits
+
+
+class Studies(_Section):
+    convmixer: ConvmixerStudy
+    pseudo_input: PseudoInputStudy
+    heads_width: HeadsWidthStudy
+
+
+class ConvmixerSize(_Section):
+    dim: PosInt
+    depth: PosInt
+    kernel_size: PosInt
+    patch_size: PosInt
+
+
+class ShapeOverride(_Section):           # a partial VitModel
+    patch_size: Optional[PosInt] = None
+    embed_dim: Optional[PosInt] = None
+    depth: Optional[PosInt] = None
+    num_heads: Optional[PosInt] = None
+    mlp_ratio: Optional[PosFloat] = None
+
+
+class Params(_Section):
+    grid: Grid
+    init: Init
+    data: Data
+    recipes: dict[Dataset, Recipe]
+    studies: Studies
+    convmixer_sizes: dict[str, ConvmixerSize]
+    model_shapes: dict[str, ShapeOverride]
+
+
+def _impulse_kernel(name: str) -> int | None:
+    """"impulse5" -> 5; None for anything else."""
+    rest = name.removeprefix("impulse")
+    return int(rest) if rest != name and rest.isdigit() else None
+
+
+# ---- the rules across keys -------------------------------------------------------------------
+
+def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
+    """[(key path, value, what is wrong and what is allowed)] for rules that span keys."""
+    out = []
+    g, s = p.grid, p.studies
+    if p.init.kernel not in g.kernels:
+        out.append(("init.kernel", p.init.kernel, f"must be one of grid.kernels {g.kernels} "
+                    "(it picks the main table's headline row)"))
+    used = {("grid.datasets", d) for d in g.datasets} | {
+        (f"studies.{name}.datasets", d) for name in ("convmixer", "pseudo_input", "heads_width")
+        for d in getattr(s, name).datasets}
+    for path, d in sorted(used):
+        if d not in p.recipes:
+            out.append((path, d, f"has no recipe: add recipes.{d} (recipes has {sorted(p.recipes)})"))
+    size = p.data.train_size
+    if isinstance(size, int):
+        for path, d in sorted(used):
+            if size < DATASETS[d].num_classes:
+                out.append(("data.train_size", size, f"a count must be at least {d}'s "
+                            f"{DATASETS[d].num_classes} classes (one image per class); 1.0 = all"))
+                break
+    for d, rec in p.recipes.items():
+        out += _vit_problems(f"recipes.{d}.model", rec.model.model_dump(), d)
+    # kernels of the structured init, against the patch grid of each model they initialize
+    for d in g.datasets:
+        if d in p.recipes:
+            for i, k in enumerate(g.kernels):
+                out += _kernel_problems(f"grid.kernels[{i}]", k, p.recipes[d].model.model_dump(), d)
+    for d in s.pseudo_input.datasets:
+        if d in p.recipes:
+            out += _kernel_problems("studies.pseudo_input.kernel", s.pseudo_input.kernel,
+                                    p.recipes[d].model.model_dump(), d)
+    for i, z in enumerate(s.convmixer.sizes):
+        if z not in p.convmixer_sizes:
+            out.append((f"studies.convmixer.sizes[{i}]", z, f"not a key of convmixer_sizes {sorted(p.convmixer_sizes)}"))
+            continue
+        size = p.convmixer_sizes[z]
+        if size.kernel_size % 2 == 0:
+            out.append((f"convmixer_sizes.{z}.kernel_size", size.kernel_size, "must be odd (3, 5, 7, ...)"))
+        for d in s.convmixer.datasets:
+            if DATASETS[d].image_size % size.patch_size:
+                out.append((f"convmixer_sizes.{z}.patch_size", size.patch_size,
+                            f"must divide {d}'s image size {DATASETS[d].image_size}"))
+    for i, z in enumerate(s.heads_width.shapes):
+        if z not in p.model_shapes:
+            out.append((f"studies.heads_width.shapes[{i}]", z, f"not a key of model_shapes {sorted(p.model_shapes)}"))
+            continue
+        for d in s.heads_width.datasets:
+            if d not in p.recipes:
+                continue
+            model = {**p.recipes[d].model.model_dump(), **p.model_shapes[z].model_dump(exclude_none=True)}
+            out += _vit_problems(f"model_shapes.{z}", model, f"{d} with shape {z}")
+            for name in s.heads_width.inits:
+                if (k := _impulse_kernel(name)) is not None:
+                    out += _kernel_problems(f"studies.heads_width.inits", name, model, f"{d} with shape {z}", k)
+    # studies that reuse the main grid's cells need those cells to exist
+    init = p.init
+    main_variant = init.pseudo_input + (init.pseudo_input_rest or init.pseudo_input) + ("L" if init.per_layer else "")
+    if main_variant not in s.pseudo_input.variants:      # the "PP" row is the main grid's impulse cell
+        why = f"the study reuses the main grid's impulse{s.pseudo_input.kernel} cells (its {main_variant} row)"
+        out += _subset("studies.pseudo_input.seeds", s.pseudo_input.seeds, "grid.seeds", g.seeds, why)
+        out += _subset("studies.pseudo_input.datasets", s.pseudo_input.datasets, "grid.datasets", g.datasets, why)
+        if s.pseudo_input.kernel not in g.kernels:
+            out.append(("studies.pseudo_input.kernel", s.pseudo_input.kernel,
+                        f"must be one of grid.kernels {g.kernels}: {why}"))
+    why = "the study's \"recipe\" rows are the main grid's cells"
+    out += _subset("studies.heads_width.seeds", s.heads_width.seeds, "grid.seeds", g.seeds, why)
+    out += _subset("studies.heads_width.datasets", s.heads_width.datasets, "grid.datasets", g.datasets, why)
+    main_inits = list(g.baselines) + [f"impulse{k}" for k in g.kernels]
+    out += _subset("studies.heads_width.inits", s.heads_width.inits, "the main grid's initializers",
+                   main_inits, why)
+    return out
+
+
+def _vit_problems(path: str, model: dict, where: str) -> list:
+    out = []
+    if model["embed_dim"] % model["num_heads"]:
+        out.append((f"{path}.num_heads", model["num_heads"],
+                    f"must divide embed_dim {model['embed_dim']} ({where})"))
+    if model["embed_dim"] % 4:
+        out.append((f"{path}.embed_dim", model["embed_dim"],
+                    f"must be a multiple of 4: the 2-D sin-cos position encoding ({where})"))
+    for d in DATASETS.values():
+        if where.split()[0] == d.name and d.image_size % model["patch_size"]:
+            out.append((f"{path}.patch_size", model["patch_size"],
+                        f"must divide {d.name}'s image size {d.image_size}"))
+    return out
+
+
+def _kernel_problems(path: str, value, model: dict, where: str, kernel: int | None = None) -> list:
+    k = value if kernel is None else kernel
+    dataset = DATASETS[where.split()[0]]
+    side = dataset.image_size // model["patch_size"]
+    if k % 2 == 0:
+        return [(path, value, "the impulse kernel must be odd (3, 5, 7, ...)")]
+    if k > side:
+        return [(path, value, f"kernel {k} does not fit the {side}x{side} patch grid of {where} "
+                 f"(image {dataset.image_size}, patch {model['patch_size']}); allowed: odd sizes up to "
+                 f"{side - (1 - side % 2)}")]
+    return []
+
+
+def _subset(path: str, values: list, of_path: str, of: list, why: str) -> list:
+    extra = [v for v in values if v not in of]
+    return [(path, extra, f"must be a subset of {of_path} {list(of)}: {why}")] if extra else []
+
+
+# ---- entry points ----------------------------------------------------------------------------
+
+def validate_params(raw) -> dict:
+    """The params dict itself when it is valid; else ParamsError (every problem, one line each)."""
+    if not isinstance(raw, dict):
+        raise ParamsError(f"params.yaml: expected a mapping of sections, got {type(raw).__name__}")
+    try:
+        parsed = Params.model_validate(raw)
+    except ValidationError as e:
+        raise ParamsError("\n".join(_lines(e.errors()))) from None
+    problems = _cross_field_problems(parsed)
+    if problems:
+        raise ParamsError("\n".join(f"params.yaml: {path} = {_short(value)}: {msg}"
+                                    for path, value, msg in problems))
+    return raw
+
+
+def load_params(path: str | Path = "params.yaml") -> dict:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: no such file (run from the project's root)") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ParamsError(f"{path}:{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    return validate_params(raw)
+
+
+def _lines(errors: list[dict]) -> list[str]:
+    """One line per key: a union's branches (e.g. train_size: float or int) fail separately in
+    pydantic; their messages are joined ("a valid string or a valid integer")."""
+    by_key: dict[tuple, list[dict]] = {}
+    for err in errors:
+        by_key.setdefault(tuple(p for p in err["loc"] if not _is_type_tag(p)), []).append(err)
+    lines = []
+    for loc, errs in by_key.items():
+        err = dict(errs[0], loc=loc)
+        if len(errs) > 1:
+            err["msg"] = "Input should be " + " or ".join(
+                dict.fromkeys(e["msg"].removeprefix("Input should be ") for e in errs))
+        lines.append(_line(err))
+    return lines
+
+
+def _is_type_tag(part) -> bool:
+    """pydantic's name for a union branch or validator in an error's location, not a key."""
+    return isinstance(part, str) and (part in ("float", "int", "str", "bool", "none") or "[" in part)
+
+
+def _line(err: dict) -> str:
+    loc = err["loc"]
+    path = _path(loc)
+    if err["type"] == "extra_forbidden":
+        return f"params.yaml: {path}: unknown key; allowed here: {_allowed_keys(loc[:-1])}"
+    if err["type"] == "missing":
+        return f"params.yaml: {path}: missing; this key is required"
+    msg = err["msg"].removeprefix("Value error, ")
+    value = err.get("input")
+    # a section-level check that names its key ("warmup_epochs=50: must be ..."): point at the key
+    named = re.fullmatch(r"(\w+)=(.+?)[:;] (.*)", msg)
+    if isinstance(value, dict) and named and named[1] in value:
+        path, value, msg = f"{path}.{named[1]}", value[named[1]], named[3]
+    hint = ""
+    if isinstance(value, str):
+        try:
+            float(value)
+            hint = f" (YAML read {value!r} as text: write it as a number, e.g. 1.0e-3 rather than 1e-3)"
+        except ValueError:
+            pass
+    return f"params.yaml: {path} = {_short(value)}: {msg}{hint}"
+
+
+def _path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _is_type_tag(part):
+            continue
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _allowed_keys(loc: tuple) -> list[str]:
+    """The keys a section at `loc` may have (walking the schema's classes)."""
+    model = Params
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue
+        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:                      # a dict's key (e.g. recipes.<dataset>): its value type
+            model = _value_model(model)
+            continue
+        model = _model_of(field.annotation)
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return list(model.model_fields)
+    return []
+
+
+def _model_of(annotation):
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return annotation                          # dict[...] etc.: resolved by _value_model
+
+
+def _value_model(annotation):
+    args = typing.get_args(annotation)
+    return args[-1] if args else None
+
+
+def _short(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -1,0 +1,187 @@
+"""params.yaml's schema: every rule refuses its bad value with one line naming the key, the
+value and what is allowed; the stages refuse a bad file before importing torch."""
+import copy
+import dataclasses
+import inspect
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from structinit.config import TrainConfig
+from structinit.init.solvers import SOLVERS
+from structinit.params import Adam, ClosedForm, ParamsError, Train, load_params, validate_params
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT = yaml.safe_load((REPO / "params.yaml").read_text())
+
+
+def _set(dotted: str, value):
+    def mutate(p):
+        *path, last = dotted.split(".")
+        for key in path:
+            p = p[int(key)] if isinstance(p, list) else p[key]
+        p[last] = value
+    return mutate
+
+
+def _drop(dotted: str):
+    def mutate(p):
+        *path, last = dotted.split(".")
+        for key in path:
+            p = p[key]
+        del p[last]
+    return mutate
+
+
+def _also(*mutations):
+    def mutate(p):
+        for m in mutations:
+            m(p)
+    return mutate
+
+
+# (id, mutation of the default params, fragments the one-line error must contain)
+BAD = [
+    ("unknown top-level key", _set("trian", {}), ["trian: unknown key", "grid"]),
+    ("misspelt train key", _set("recipes.digits.train.epoch", 40), ["recipes.digits.train.epoch: unknown key", "epochs"]),
+    ("unknown solver option", _set("init.adam.stepz", 3), ["init.adam.stepz: unknown key", "steps"]),
+    ("missing section", _drop("studies"), ["studies: missing"]),
+    ("missing key", _drop("grid.seeds"), ["grid.seeds: missing"]),
+    ("text for a number", _set("recipes.digits.train.lr", "fast"), ["recipes.digits.train.lr = 'fast'", "number"]),
+    ("YAML's 1e-3 is text", _set("recipes.digits.train.lr", "1e-3"), ["recipes.digits.train.lr = '1e-3'", "1.0e-3"]),
+    ("bool for an int", _set("recipes.digits.train.epochs", True), ["recipes.digits.train.epochs = True", "integer"]),
+    ("negative lr", _set("recipes.digits.train.lr", -0.1), ["recipes.digits.train.lr = -0.1", "> 0"]),
+    ("warm-up past the end", _set("recipes.digits.train.warmup_epochs", 50), ["warmup_epochs = 50", "between 0 and epochs"]),
+    ("label smoothing 1", _set("recipes.digits.train.label_smoothing", 1.0), ["label_smoothing = 1.0", "[0, 1)"]),
+    ("unknown amp", _set("recipes.digits.train.amp", "fp8"), ["amp = 'fp8'", "'bf16'"]),
+    ("bad randaugment", _set("recipes.digits.train.randaugment", "rand-q9"), ["randaugment = 'rand-q9'", "known keys"]),
+    ("cpu_chunks 0", _set("recipes.digits.train.cpu_chunks", 0), ["cpu_chunks = 0", "positive integer"]),
+    ("zero epochs", _set("recipes.digits.train.epochs", 0), ["epochs = 0", ">= 1"]),
+    ("unknown dataset", _set("grid.datasets", ["digits", "mnist"]), ["grid.datasets[1] = 'mnist'", "'cifar10'"]),
+    ("recipe for an unknown dataset", _set("recipes.mnist", DEFAULT["recipes"]["digits"]), ["recipes.mnist", "'digits'"]),
+    ("impulse as a baseline", _set("grid.baselines", ["impulse"]), ["grid.baselines[0] = 'impulse'", "'mimetic'"]),
+    ("unknown solver", _set("init.solver", "sgd"), ["init.solver = 'sgd'", "'closed_form'"]),
+    ("unknown offsets", _set("init.offsets", "spiral"), ["init.offsets = 'spiral'", "'random'"]),
+    ("unknown pseudo-input", _set("init.pseudo_input", "Z"), ["init.pseudo_input = 'Z'", "'P'"]),
+    ("softness out of range", _set("init.closed_form.target_mass", 1.5), ["target_mass = 1.5", "less than 1"]),
+    ("seed twice", _set("grid.seeds", [0, 1, 1]), ["grid.seeds", "[1] listed twice"]),
+    ("no seeds", _set("grid.seeds", []), ["grid.seeds = []", "at least 1"]),
+    ("negative seed", _set("grid.seeds", [-1]), ["grid.seeds[0] = -1", "greater than or equal to 0"]),
+    ("train_size 0", _set("data.train_size", 0), ["data.train_size = 0", "fraction in (0, 1]"]),
+    ("train_size 1.5", _set("data.train_size", 1.5), ["data.train_size = 1.5", "fraction in (0, 1]"]),
+    ("train_size as text", _set("data.train_size", "1e-1"), ["data.train_size = '1e-1'", "1.0e-3"]),
+    ("train_size below one image per class", _set("data.train_size", 5), ["data.train_size = 5", "10 classes"]),
+    ("cpu_chunks neither text nor integer", _set("recipes.digits.train.cpu_chunks", 2.5),
+     ["recipes.digits.train.cpu_chunks = 2.5", "a valid string or a valid integer"]),
+    ("init.kernel outside grid.kernels", _set("init.kernel", 7), ["init.kernel = 7", "grid.kernels [3, 5]"]),
+    ("even kernel", _set("grid.kernels", [3, 4]), ["grid.kernels[1] = 4", "odd"]),
+    ("kernel larger than the patch grid", _set("grid.kernels", [3, 9]), ["grid.kernels[1] = 9", "8x8 patch grid", "up to 7"]),
+    ("kernel that fits no longer after a patch change",
+     _set("recipes.digits.model.patch_size", 2), ["grid.kernels[1] = 5", "4x4 patch grid"]),
+    ("patch size not dividing the image", _set("recipes.digits.model.patch_size", 3), ["recipes.digits.model.patch_size = 3", "image size 8"]),
+    ("heads not dividing width", _set("recipes.digits.model.num_heads", 5), ["recipes.digits.model.num_heads = 5", "divide embed_dim 48"]),
+    ("width not a multiple of 4", _also(_set("recipes.digits.model.embed_dim", 54), _set("recipes.digits.model.num_heads", 3)),
+     ["recipes.digits.model.embed_dim = 54", "multiple of 4"]),
+    ("a study shape's heads not dividing width", _set("model_shapes.h6.num_heads", 5), ["model_shapes.h6.num_heads = 5", "digits with shape h6"]),
+    ("dataset without a recipe", _drop("recipes.digits"), ["grid.datasets = 'digits'", "has no recipe"]),
+    ("study's pseudo-input kernel too big", _also(_set("studies.pseudo_input.kernel", 9), _set("grid.kernels", [3, 5])),
+     ["studies.pseudo_input.kernel = 9", "8x8 patch grid"]),
+    ("bad pseudo-input variant", _set("studies.pseudo_input.variants", ["UU", "XQ"]), ["studies.pseudo_input.variants", "'XQ'", "e.g. 'UP'"]),
+    ("pseudo-input study seeds not in the grid", _set("studies.pseudo_input.seeds", [0, 7]),
+     ["studies.pseudo_input.seeds = [7]", "subset of grid.seeds", "reuses the main grid"]),
+    ("pseudo-input study kernel not in the grid", _also(_set("studies.pseudo_input.kernel", 7), _set("grid.kernels", [3, 5])),
+     ["studies.pseudo_input.kernel = 7", "grid.kernels"]),
+    ("heads/width study seeds not in the grid", _set("studies.heads_width.seeds", [9]), ["studies.heads_width.seeds = [9]", "subset of grid.seeds"]),
+    ("heads/width study dataset not in the grid", _set("studies.heads_width.datasets", ["cifar10"]),
+     ["studies.heads_width.datasets = ['cifar10']", "subset of grid.datasets"]),
+    ("heads/width init not an initializer", _set("studies.heads_width.inits", ["xavier"]), ["studies.heads_width.inits", "'xavier'", "impulse<k>"]),
+    ("heads/width init not in the main grid", _set("studies.heads_width.inits", ["impulse7"]),
+     ["studies.heads_width.inits = ['impulse7']", "main grid's initializers"]),
+    ("unknown ConvMixer size", _set("studies.convmixer.sizes", ["cm1"]), ["studies.convmixer.sizes[0] = 'cm1'", "cm64d4k3"]),
+    ("even ConvMixer kernel", _set("convmixer_sizes.cm64d4k3.kernel_size", 4), ["convmixer_sizes.cm64d4k3.kernel_size = 4", "odd"]),
+    ("unknown filter mode", _set("studies.convmixer.modes", ["learned", "gabor"]), ["studies.convmixer.modes[1] = 'gabor'", "'box'"]),
+    ("unknown model shape", _set("studies.heads_width.shapes", ["h7"]), ["studies.heads_width.shapes[0] = 'h7'", "model_shapes"]),
+]
+
+
+@pytest.mark.parametrize("mutate, fragments", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_each_rule_refuses_its_bad_value_in_one_line(mutate, fragments):
+    params = copy.deepcopy(DEFAULT)
+    mutate(params)
+    with pytest.raises(ParamsError) as e:
+        validate_params(params)
+    lines = str(e.value).splitlines()
+    hit = [line for line in lines if all(f in line for f in fragments)]
+    assert hit, f"no line has all of {fragments}:\n{e.value}"
+    assert all(line.startswith("params.yaml: ") for line in lines)
+
+
+def test_the_default_and_a_reused_main_variant_are_valid():
+    assert validate_params(copy.deepcopy(DEFAULT)) == DEFAULT
+    # a pseudo-input study that trains its own PP cell reuses nothing: its seeds are free
+    p = copy.deepcopy(DEFAULT)
+    p["studies"]["pseudo_input"]["variants"] = ["PP", "UU"]
+    p["studies"]["pseudo_input"]["seeds"] = [0, 7]
+    validate_params(p)
+
+
+def test_every_problem_is_listed():
+    p = copy.deepcopy(DEFAULT)
+    _set("recipes.digits.train.lr", "fast")(p)
+    _set("grid.seeds", [0, 0])(p)
+    with pytest.raises(ParamsError) as e:
+        validate_params(p)
+    assert len(str(e.value).splitlines()) == 2
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path):
+    (tmp_path / "params.yaml").write_text("grid:\n  seeds: [0, 1\ninit: {}\n")
+    with pytest.raises(ParamsError, match=r"params.yaml: line \d+: not valid YAML"):
+        load_params(tmp_path / "params.yaml")
+
+
+def test_schema_agrees_with_the_code_it_describes():
+    """The train section is TrainConfig (less its seed); the solver sections are the solvers'
+    keyword options with their defaults."""
+    fields = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name != "seed"}
+    assert {k: f.default for k, f in Train.model_fields.items()} == fields
+    for section, solver in ((ClosedForm, "closed_form"), (Adam, "adam")):
+        options = {p.name: p.default for p in inspect.signature(SOLVERS[solver]).parameters.values()
+                   if p.kind is p.KEYWORD_ONLY and p.name not in ("head_dim", "scale", "generator")}
+        assert {k: f.default for k, f in section.model_fields.items()} == options, solver
+
+
+def _write_params(dirpath: Path, params: dict) -> None:
+    (dirpath / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def test_a_stage_refuses_every_bad_file_in_seconds_before_importing_torch(tmp_path):
+    """What `dvc repro` would run: the heaviest stage (training), under DVC_STAGE, in a folder
+    whose params.yaml has one bad value. Each is refused with status 1, one line per problem,
+    no traceback, in well under 10 s, and torch is never imported."""
+    env = dict(os.environ, DVC_STAGE="train_impulse@digits-3", PYTHONPATH=str(REPO))
+    refused, slowest = 0, 0.0
+    # `python -m stages.train` imports the stages package first; report whether torch was loaded
+    probe = ("import sys\ntry:\n    import stages\nexcept SystemExit:\n"
+             "    print('torch' in sys.modules)\n    raise\n")
+    for name, mutate, fragments in BAD:
+        params = copy.deepcopy(DEFAULT)
+        mutate(params)
+        _write_params(tmp_path, params)
+        t = time.perf_counter()
+        r = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env,
+                           capture_output=True, text=True)
+        slowest = max(slowest, time.perf_counter() - t)
+        assert r.returncode == 1, (name, r.stdout, r.stderr)
+        assert "Traceback" not in r.stderr and "True" not in r.stdout, (name, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert lines[0].startswith("error: params.yaml: ") and all(l.startswith("params.yaml: ") for l in lines[1:])
+        assert any(all(f in line for f in fragments) for line in lines), (name, r.stderr)
+        refused += 1
+    print(f"bad params.yaml files refused: {refused}/{len(BAD)}, slowest {slowest:.2f} s")
+    assert refused == len(BAD) and slowest < 10
