@@ -368,7 +368,8 @@ def _line(err: dict) -> str:
     loc = err["loc"]
     path = _path(loc)
     if err["type"] == "extra_forbidden":
-        return f"params.yaml: {path}: unknown key; allowed here: {_allowed_keys(loc[:-1])}"
+        return (f"params.yaml: {path} = {_short(err.get('input'))}: unknown key; allowed here: "
+                f"{_allowed_keys(loc[:-1])}")
     if err["type"] == "missing":
         return f"params.yaml: {path}: missing; this key is required"
     msg = err["msg"].removeprefix("Value error, ")

@@ -47,9 +47,9 @@ def _also(*mutations):
 
 # (id, mutation of the default params, fragments the one-line error must contain)
 BAD = [
-    ("unknown top-level key", _set("trian", {}), ["trian: unknown key", "grid"]),
-    ("misspelt train key", _set("recipes.digits.train.epoch", 40), ["recipes.digits.train.epoch: unknown key", "epochs"]),
-    ("unknown solver option", _set("init.adam.stepz", 3), ["init.adam.stepz: unknown key", "steps"]),
+    ("unknown top-level key", _set("trian", {}), ["trian = {}: unknown key", "grid"]),
+    ("misspelt train key", _set("recipes.digits.train.epoch", 40), ["recipes.digits.train.epoch = 40: unknown key", "epochs"]),
+    ("unknown solver option", _set("init.adam.stepz", 3), ["init.adam.stepz = 3: unknown key", "steps"]),
     ("missing section", _drop("studies"), ["studies: missing"]),
     ("missing key", _drop("grid.seeds"), ["grid.seeds: missing"]),
     ("text for a number", _set("recipes.digits.train.lr", "fast"), ["recipes.digits.train.lr = 'fast'", "number"]),
