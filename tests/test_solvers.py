@@ -1,5 +1,4 @@
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -146,11 +145,11 @@ def test_softness_is_a_parameter():
                              generator=torch.Generator(), target_mass=1.5)
 
 
-def test_closed_form_fast_and_at_the_official_softness_on_vit_b16():
+def test_closed_form_at_the_official_softness_on_vit_b16():
+    """Its speed is a benchmark's business (benchmarks/preopt.py): a timing assert fails on a
+    loaded machine and proves nothing on an idle one."""
     official = softness_law.read_csv()[(14, 768, 12, 3, 0)]
-    t = time.perf_counter()
     sol = solve_impulse_qk((14, 14), 768, 12, 12, kernel=3, seed=0)
-    assert time.perf_counter() - t < 3.0          # < 1 s unloaded (benchmarks/preopt.py); CI slack
     assert abs(sol.target_mass - official) <= 0.03
 
 
