@@ -1,4 +1,5 @@
-"""Attention maps of a timm ViT, and how much mass sits on each head's impulse offset.
+"""Attention maps of a timm ViT: how much mass sits on each head's impulse offset, and how far
+(in patches) each head looks on average.
 
 Used by the tests to prove the structured init does what it claims, and by reports.
 """
@@ -34,6 +35,16 @@ class AttentionMaps:
         rows = (i * gw + j).expand_as(cols)
         picked = self.maps[..., rows, cols] * inside           # (L, H, 2gh-1, 2gw-1, N)
         return picked.sum(-1) / inside.sum(-1)
+
+    def mean_distance(self) -> torch.Tensor:
+        """(L, H): mean attention distance in patches, sum_j a_ij * ||p_i - p_j|| averaged over
+        queries i (p = (row, col) on the patch grid). 0 = every query attends to itself; a
+        head that is a pure shift by (m, n) gives sqrt(m^2 + n^2)."""
+        gh, gw = self.grid
+        i, j = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
+        pos = torch.stack([i.flatten(), j.flatten()], -1).float()          # (N, 2)
+        dist = torch.cdist(pos, pos)                                        # (N, N)
+        return (self.maps * dist).sum(-1).mean(-1)
 
     def target_mass(self) -> torch.Tensor:
         """(L, H): mass on each head's own offset (needs offsets)."""

@@ -1,0 +1,45 @@
+"""Linear CKA (Kornblith et al., 2019): how alike two sets of representations of the same inputs
+are, invariant to rotations and isotropic scaling of either, in [0, 1].
+
+    layer_representations(model, images) -> [(B, C)] one per block (token mean of its output)
+    cka_matrix(reps_a, reps_b)           -> (len(a), len(b)) CKA of every pair of layers
+
+Used to compare the layers of models with different initializers, or a model at init with
+itself after training, on the same test images.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
+    """x (n, p), y (n, q): rows are the same n inputs. ||Yc^T Xc||_F^2 / (||Xc^T Xc||_F ||Yc^T Yc||_F)."""
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"x has {x.shape[0]} rows, y {y.shape[0]}: both must be the same inputs")
+    x = x.double() - x.double().mean(0)
+    y = y.double() - y.double().mean(0)
+    cross = (y.T @ x).square().sum()
+    norm = (x.T @ x).square().sum().sqrt() * (y.T @ y).square().sum().sqrt()
+    return float(cross / norm) if norm > 0 else 0.0
+
+
+@torch.no_grad()
+def layer_representations(model, images: torch.Tensor) -> list[torch.Tensor]:
+    """Each transformer block's output on `images`, averaged over tokens: [(B, C)] * depth."""
+    outputs = []
+    hooks = [b.register_forward_hook(lambda m, a, out: outputs.append(out.mean(1).float()))
+             for b in model.blocks]
+    was_training = model.training
+    try:
+        model.eval()
+        model(images)
+    finally:
+        model.train(was_training)
+        for h in hooks:
+            h.remove()
+    return outputs
+
+
+def cka_matrix(reps_a: list[torch.Tensor], reps_b: list[torch.Tensor]) -> torch.Tensor:
+    """(len(reps_a), len(reps_b)): linear CKA between every layer of a and every layer of b."""
+    return torch.tensor([[linear_cka(a, b) for b in reps_b] for a in reps_a])

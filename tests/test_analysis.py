@@ -1,0 +1,80 @@
+"""What the analysis measures: mean attention distance (in patches) and linear CKA."""
+import itertools
+import math
+
+import pytest
+import torch
+
+import structinit as si
+from structinit.attention import AttentionMaps, attention_maps
+from structinit.cka import cka_matrix, layer_representations, linear_cka
+from tests.conftest import small_vit
+
+GRID = (4, 5)
+
+
+def _coords():
+    return [(i, j) for i in range(GRID[0]) for j in range(GRID[1])]
+
+
+def _maps(rows) -> AttentionMaps:
+    return AttentionMaps(torch.tensor(rows, dtype=torch.float32)[None, None], GRID, None)
+
+
+def test_mean_distance_of_self_shift_and_uniform_attention():
+    pts = _coords()
+    n = len(pts)
+    assert _maps(torch.eye(n).tolist()).mean_distance().item() == 0
+    # a pure shift by (1, 2) where the shifted key exists, the query itself elsewhere
+    shift, expected = [], 0.0
+    for i, j in pts:
+        row = [0.0] * n
+        target = (i + 1, j + 2) if (i + 1, j + 2) in pts else (i, j)
+        row[pts.index(target)] = 1.0
+        shift.append(row)
+        expected += math.dist((i, j), target) / n
+    assert _maps(shift).mean_distance().item() == pytest.approx(expected, rel=1e-6)
+    uniform = sum(math.dist(p, q) for p, q in itertools.product(pts, pts)) / n ** 2
+    assert _maps([[1 / n] * n] * n).mean_distance().item() == pytest.approx(uniform, rel=1e-6)
+
+
+def test_structured_init_looks_near_and_a_random_init_looks_everywhere():
+    """On the pseudo-input, the structured init's centre head stays at ~0 patches and its
+    one-step shift heads near 1; trunc-normal attention is near uniform (mean distance near
+    the grid's mean pairwise distance: about 4 patches on 8x8). At the official softness
+    (target mass ~0.11 on digits) the structured init sits between: 3.3 patches."""
+    model = small_vit()
+    si.initialize(model, "impulse", seed=0, kernel=3, offsets="fixed", target_mass=0.9)
+    offsets = model.impulse_offsets[0]
+    dist = attention_maps(model).mean_distance()[0]              # layer 0, (H,)
+    for h, (m, n) in enumerate(offsets):
+        assert abs(dist[h].item() - math.hypot(m, n)) < 0.6, (offsets, dist)
+    base = small_vit()
+    si.initialize(base, "trunc_normal", seed=0)
+    far = attention_maps(base).mean_distance()[0]
+    assert far.min().item() > 3.0 and dist.max().item() < 1.6
+
+
+def test_linear_cka_properties():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(500, 8, generator=g)
+    q, _ = torch.linalg.qr(torch.randn(8, 8, generator=g))
+    assert linear_cka(x, x) == pytest.approx(1.0)
+    assert linear_cka(x, 3 * x @ q + 7) == pytest.approx(1.0)        # rotation, scale, shift
+    y = torch.randn(500, 6, generator=g)
+    assert linear_cka(x, y) == pytest.approx(linear_cka(y, x))
+    assert linear_cka(x, y) < 0.05                                   # independent
+    assert linear_cka(x, torch.cat([x[:, :4], y], 1)) > 0.3          # half shared
+    with pytest.raises(ValueError, match="same inputs"):
+        linear_cka(x, y[:10])
+
+
+def test_cka_of_a_model_with_itself_is_one_on_the_diagonal(digits):
+    model = small_vit()
+    si.initialize(model, "mimetic", seed=0)
+    images = (digits.test_images[:64].float() / 255 - 0.3) / 0.37
+    reps = layer_representations(model, images)
+    assert len(reps) == 3 and reps[0].shape == (64, 48)
+    cka = cka_matrix(reps, reps)
+    assert cka.shape == (3, 3) and torch.allclose(cka.diagonal(), torch.ones(3, dtype=cka.dtype))
+    assert torch.allclose(cka, cka.T)
