@@ -76,18 +76,24 @@ def attention_maps(model, images: torch.Tensor | None = None, offsets=None) -> A
             maps.append(_block_attention(block.attn, block.norm1(pe))[0])
     else:
         inputs = []
-        hooks = [b.attn.register_forward_pre_hook(lambda m, a: inputs.append(a[0]))
-                 for b in model.blocks]
-        was_training = model.training
-        try:
-            model.eval()
-            model(images)
-        finally:
-            model.train(was_training)
-            for h in hooks:
-                h.remove()
+        eval_forward_with_hooks(model, images, lambda block: block.attn.register_forward_pre_hook(
+            lambda m, args: inputs.append(args[0])))
         maps = [_block_attention(b.attn, x).mean(0) for b, x in zip(model.blocks, inputs)]
     return AttentionMaps(torch.stack(maps).float(), patch_grid(model), offsets)
+
+
+def eval_forward_with_hooks(model, images: torch.Tensor, register) -> None:
+    """model(images) in eval mode with the hook register(block) adds to every block; the
+    hooks are removed and the train/eval mode restored afterwards, even on error."""
+    handles = [register(block) for block in model.blocks]
+    was_training = model.training
+    try:
+        model.eval()
+        model(images)
+    finally:
+        model.train(was_training)
+        for h in handles:
+            h.remove()
 
 
 def _block_attention(attn, x: torch.Tensor) -> torch.Tensor:

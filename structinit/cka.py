@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from .attention import eval_forward_with_hooks
+
 
 def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
     """x (n, p), y (n, q): rows are the same n inputs. ||Yc^T Xc||_F^2 / (||Xc^T Xc||_F ||Yc^T Yc||_F)."""
@@ -27,16 +29,8 @@ def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
 def layer_representations(model, images: torch.Tensor) -> list[torch.Tensor]:
     """Each transformer block's output on `images`, averaged over tokens: [(B, C)] * depth."""
     outputs = []
-    hooks = [b.register_forward_hook(lambda m, a, out: outputs.append(out.mean(1).float()))
-             for b in model.blocks]
-    was_training = model.training
-    try:
-        model.eval()
-        model(images)
-    finally:
-        model.train(was_training)
-        for h in hooks:
-            h.remove()
+    eval_forward_with_hooks(model, images, lambda block: block.register_forward_hook(
+        lambda m, args, out: outputs.append(out.mean(1).float())))          # (B, N, C) -> (B, C)
     return outputs
 
 
