@@ -30,8 +30,10 @@ import statistics
 import subprocess
 import sys
 
-PIN = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+from structinit.numerics import OPT_OUT_VAR, PINNED_CPU_ENV
+
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+PIN = {k: v for k, v in PINNED_CPU_ENV.items() if k not in THREAD_VARS}   # the instruction-set part
 
 
 def child(model: str, epochs: int, threads: int, chunks: str) -> None:
@@ -67,7 +69,7 @@ def child(model: str, epochs: int, threads: int, chunks: str) -> None:
 
 def run(env_changes: dict, model: str, epochs: int, threads: int = 2, chunks="auto") -> dict:
     env = {k: v for k, v in os.environ.items()
-           if k not in (*PIN, *THREAD_VARS, "STRUCTINIT_CPU_NUMERICS")}
+           if k not in (*PINNED_CPU_ENV, OPT_OUT_VAR)}
     env.update(env_changes)
     out = subprocess.run([sys.executable, "-m", "benchmarks.cpu_numerics", "--child", model,
                           "--epochs", str(epochs), "--threads", str(threads), "--chunks", str(chunks)],
@@ -90,7 +92,7 @@ def main():
 
     from tabulate import tabulate
 
-    native = {"STRUCTINIT_CPU_NUMERICS": "native"}
+    native = {OPT_OUT_VAR: "native"}
     envs = {
         "pinned": ({}, 2, 2),
         "native": (native, 2, 2),

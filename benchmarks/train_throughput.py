@@ -26,7 +26,6 @@ import dataclasses
 import statistics
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 import yaml

@@ -14,6 +14,7 @@ import pandas as pd
 
 from stages.common import load_params, read_cell, recipe, run_stage, seed_dir, write_text
 from structinit import report, stats
+from structinit.config import pseudo_variant
 
 STUDIES = ("convmixer", "pseudo_input", "heads_width")
 
@@ -57,8 +58,7 @@ def convmixer(params, main, studies):
 def pseudo_input(params, main, studies):
     s = params["studies"]["pseudo_input"]
     k, init = s["kernel"], params["init"]
-    main_variant = (init["pseudo_input"] + (init["pseudo_input_rest"] or init["pseudo_input"])
-                    + ("L" if init["per_layer"] else ""))
+    main_variant = pseudo_variant(init["pseudo_input"], init["pseudo_input_rest"], init["per_layer"])
     expected = [(studies / "pseudo_input" / f"{d}-{v}", seed, dict(dataset=d, variant=v, solve="study"))
                 for d, v, seed in itertools.product(s["datasets"], s["variants"], s["seeds"])]
     expected += [(main / f"{d}-impulse{k}", seed, dict(dataset=d, variant=main_variant, solve="main grid"))

@@ -12,7 +12,6 @@ import contextlib
 import os
 from pathlib import Path
 
-import torch
 from dvclive import Live
 
 from stages.common import (load_params, log_timings, recipe, run_stage, seed_dir, seeds_at,

@@ -18,6 +18,20 @@ SOLVER_NAMES = ("adam", "closed_form")            # keys of init/solvers.py's SO
 AMP_MODES = ("auto", "bf16", "off")
 
 
+def check_kernel(kernel: int, grid: tuple[int, int]) -> None:
+    """The impulse filter's size must be odd and fit the patch grid (ValueError otherwise)."""
+    if not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0:
+        raise ValueError(f"kernel={kernel!r}: the impulse filter needs an odd size >= 1 (3, 5, 7, ...)")
+    if kernel > min(grid):
+        raise ValueError(f"kernel={kernel} is larger than the {grid[0]}x{grid[1]} patch grid; "
+                         f"allowed: odd sizes up to {min(grid) - (1 - min(grid) % 2)}")
+
+
+def pseudo_variant(pseudo_input: str, pseudo_input_rest: str | None, per_layer: bool) -> str:
+    """Impulse options -> their pseudo-input ablation cell name (parse_pseudo_variant's inverse)."""
+    return pseudo_input + (pseudo_input_rest or pseudo_input) + ("L" if per_layer else "")
+
+
 def parse_pseudo_variant(variant: str) -> dict:
     """Pseudo-input ablation cell name -> impulse options.
 

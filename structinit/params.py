@@ -20,8 +20,8 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator,
                       model_validator)
 
-from .config import FILTER_MODES, METHODS, OFFSET_ORDERS, PSEUDO_INPUTS, SOLVER_NAMES, TrainConfig, \
-    parse_pseudo_variant
+from .config import (FILTER_MODES, METHODS, OFFSET_ORDERS, PSEUDO_INPUTS, SOLVER_NAMES, TrainConfig,
+                     check_kernel, parse_pseudo_variant, pseudo_variant)
 from .datasets import DATASETS
 from .errors import StructinitError
 
@@ -233,11 +233,11 @@ def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
     for d in g.datasets:
         if d in p.recipes:
             for i, k in enumerate(g.kernels):
-                out += _kernel_problems(f"grid.kernels[{i}]", k, p.recipes[d].model.model_dump(), d)
+                out += _kernel_problems(f"grid.kernels[{i}]", k, k, p.recipes[d].model.model_dump(), d)
     for d in s.pseudo_input.datasets:
         if d in p.recipes:
-            out += _kernel_problems("studies.pseudo_input.kernel", s.pseudo_input.kernel,
-                                    p.recipes[d].model.model_dump(), d)
+            k = s.pseudo_input.kernel
+            out += _kernel_problems("studies.pseudo_input.kernel", k, k, p.recipes[d].model.model_dump(), d)
     for i, z in enumerate(s.convmixer.sizes):
         if z not in p.convmixer_sizes:
             out.append((f"studies.convmixer.sizes[{i}]", z, f"not a key of convmixer_sizes {sorted(p.convmixer_sizes)}"))
@@ -257,13 +257,12 @@ def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
             if d not in p.recipes:
                 continue
             model = {**p.recipes[d].model.model_dump(), **p.model_shapes[z].model_dump(exclude_none=True)}
-            out += _vit_problems(f"model_shapes.{z}", model, f"{d} with shape {z}")
+            out += _vit_problems(f"model_shapes.{z}", model, d, f" with shape {z}")
             for name in s.heads_width.inits:
                 if (k := _impulse_kernel(name)) is not None:
-                    out += _kernel_problems(f"studies.heads_width.inits", name, model, f"{d} with shape {z}", k)
+                    out += _kernel_problems("studies.heads_width.inits", name, k, model, d, f" with shape {z}")
     # studies that reuse the main grid's cells need those cells to exist
-    init = p.init
-    main_variant = init.pseudo_input + (init.pseudo_input_rest or init.pseudo_input) + ("L" if init.per_layer else "")
+    main_variant = pseudo_variant(p.init.pseudo_input, p.init.pseudo_input_rest, p.init.per_layer)
     if main_variant not in s.pseudo_input.variants:      # the "PP" row is the main grid's impulse cell
         why = f"the study reuses the main grid's impulse{s.pseudo_input.kernel} cells (its {main_variant} row)"
         out += _subset("studies.pseudo_input.seeds", s.pseudo_input.seeds, "grid.seeds", g.seeds, why)
@@ -280,31 +279,27 @@ def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
     return out
 
 
-def _vit_problems(path: str, model: dict, where: str) -> list:
-    out = []
+def _vit_problems(path: str, model: dict, dataset: str, context: str = "") -> list:
+    """A ViT shape on `dataset` (context: e.g. " with shape h6", for the message)."""
+    out, where, image = [], dataset + context, DATASETS[dataset].image_size
     if model["embed_dim"] % model["num_heads"]:
         out.append((f"{path}.num_heads", model["num_heads"],
                     f"must divide embed_dim {model['embed_dim']} ({where})"))
     if model["embed_dim"] % 4:
         out.append((f"{path}.embed_dim", model["embed_dim"],
                     f"must be a multiple of 4: the 2-D sin-cos position encoding ({where})"))
-    for d in DATASETS.values():
-        if where.split()[0] == d.name and d.image_size % model["patch_size"]:
-            out.append((f"{path}.patch_size", model["patch_size"],
-                        f"must divide {d.name}'s image size {d.image_size}"))
+    if image % model["patch_size"]:
+        out.append((f"{path}.patch_size", model["patch_size"], f"must divide {dataset}'s image size {image}"))
     return out
 
 
-def _kernel_problems(path: str, value, model: dict, where: str, kernel: int | None = None) -> list:
-    k = value if kernel is None else kernel
-    dataset = DATASETS[where.split()[0]]
-    side = dataset.image_size // model["patch_size"]
-    if k % 2 == 0:
-        return [(path, value, "the impulse kernel must be odd (3, 5, 7, ...)")]
-    if k > side:
-        return [(path, value, f"kernel {k} does not fit the {side}x{side} patch grid of {where} "
-                 f"(image {dataset.image_size}, patch {model['patch_size']}); allowed: odd sizes up to "
-                 f"{side - (1 - side % 2)}")]
+def _kernel_problems(path: str, value, kernel: int, model: dict, dataset: str, context: str = "") -> list:
+    """`value` (at `path`) asks for a kernel x kernel impulse filter on this model and dataset."""
+    side = DATASETS[dataset].image_size // model["patch_size"]
+    try:
+        check_kernel(kernel, (side, side))          # the structured init's own check
+    except ValueError as e:
+        return [(path, value, f"{e} ({dataset}{context}, patch {model['patch_size']})")]
     return []
 
 
@@ -410,16 +405,10 @@ def _allowed_keys(loc: tuple) -> list[str]:
         if field is None:                      # a dict's key (e.g. recipes.<dataset>): its value type
             model = _value_model(model)
             continue
-        model = _model_of(field.annotation)
+        model = field.annotation               # a section's class, or dict[...] (its values next)
     if isinstance(model, type) and issubclass(model, BaseModel):
         return list(model.model_fields)
     return []
-
-
-def _model_of(annotation):
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    return annotation                          # dict[...] etc.: resolved by _value_model
 
 
 def _value_model(annotation):

@@ -124,7 +124,7 @@ def recipe_departures(rec: dict) -> list[str]:
     import dataclasses
 
     from structinit.models.vit import VIT_T2
-    from structinit.train import TrainConfig
+    from structinit.config import TrainConfig
 
     paper = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     out = [f"{k} {v} (paper {paper[k]})" for k, v in rec["train"].items()

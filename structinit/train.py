@@ -20,7 +20,6 @@ import dataclasses
 import json
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,7 +27,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .augment import rand_augment, random_hflip
-from .config import AMP_MODES, RandAugmentPolicy, TrainConfig  # noqa: F401  (TrainConfig: re-exported)
+from .config import RandAugmentPolicy, TrainConfig  # noqa: F401  (TrainConfig: re-exported)
 from .cpu_chunks import ChunkedBackward, plan_cpu_chunks
 from .data import ImageData
 from .errors import StructinitError

@@ -2,7 +2,6 @@
 stage killed with SIGKILL in the middle of `dvc repro` (the next `dvc repro` resumes and gives
 the same bytes). Bad parameters: tests/test_params.py."""
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import pytest
 import torch
 
 import structinit as si
-from structinit.io import CorruptFileError, load_checked, save_checked
+from structinit.io import CorruptFileError, load_checked, save_checked, without_timings
 from structinit.train import NonFiniteLossError
 from tests.conftest import small_vit
 from tests.test_pipeline import REPO, set_params, sh, tiny_repo_copy
@@ -133,7 +132,6 @@ def test_a_damaged_preopt_artifact_fails_the_stage_in_one_line(tmp_path):
     """The training stage, given a pickled-object solution, refuses it (status 1, one line,
     nothing run); the same for a truncated one."""
     sol = si.solve_impulse_qk((8, 8), 24, 3, 1, kernel=3, seed=0)
-    from structinit.io import without_timings
     (tmp_path / "sol").mkdir()
     save_checked(tmp_path / "sol/seed0.pt", without_timings(sol.to_dict()))
     data = tmp_path / "digits.pt"

@@ -185,3 +185,11 @@ def test_a_stage_refuses_every_bad_file_in_seconds_before_importing_torch(tmp_pa
         refused += 1
     print(f"bad params.yaml files refused: {refused}/{len(BAD)}, slowest {slowest:.2f} s")
     assert refused == len(BAD) and slowest < 10
+
+
+def test_pseudo_variant_names_round_trip():
+    from structinit.config import parse_pseudo_variant, pseudo_variant
+
+    for name in ("PP", "UP", "PPL", "BGL"):
+        assert pseudo_variant(**parse_pseudo_variant(name)) == name
+    assert pseudo_variant("P", None, False) == "PP"

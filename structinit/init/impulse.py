@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
-from ..config import OFFSET_ORDERS, PSEUDO_INPUTS
+from ..config import OFFSET_ORDERS, PSEUDO_INPUTS, check_kernel
 from ..models.vit import check_structured_vit, patch_grid, sincos_position_encoding
 from ..numerics import use_pinned_threads
 from .solvers import SOLVERS, attention_from_qk, mean_target_mass
@@ -124,14 +124,6 @@ class ImpulseSolution:
         d["offsets"] = [[tuple(o) for o in layer] for layer in d["offsets"]]
         d["grid"] = tuple(d["grid"])
         return cls(**d)
-
-
-def check_kernel(kernel: int, grid: tuple[int, int]) -> None:
-    if not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0:
-        raise ValueError(f"kernel={kernel!r}: the impulse filter needs an odd size >= 1 (3, 5, 7, ...)")
-    if kernel > min(grid):
-        raise ValueError(f"kernel={kernel} is larger than the {grid[0]}x{grid[1]} patch grid; "
-                         f"allowed: odd sizes up to {min(grid) - (1 - min(grid) % 2)}")
 
 
 def check_impulse_options(grid, embed_dim, num_heads, *, kernel=3, offsets="random",
