@@ -58,7 +58,8 @@ def main():
                "number (ViT-T/2, 200 epochs) where it has one.\n\n"
                f"What ran: {run}\n\n"
                + report.main_table(cells, grid["datasets"], inits, ours) + "\n\n"
-               + stats.conclusions_block(comparisons, report.label))
+               + stats.conclusions_block(comparisons, report.label) + "\n"
+               + report.paper_main_block())
     kernel_cmp = report.pairwise_comparisons(cells[cells.init.str.startswith("impulse")], "init")
     write_text(out / "kernel_table.md",
                "# Structured init by kernel size\n\n"
@@ -67,13 +68,16 @@ def main():
                "solver's mass: the paper's own solver (10,000 Adam steps) on the same shape, offsets "
                "and seeds (stage reference_solve).\n\n"
                + report.kernel_table(cells, preopt, grid["datasets"], grid["kernels"], kernel) + "\n\n"
-               + stats.conclusions_block(kernel_cmp, report.label))
+               + stats.conclusions_block(kernel_cmp, report.label) + "\n"
+               + report.paper_main_block([i for i in report.PAPER_MAIN if i.startswith("impulse")]))
     write_text(out / "preopt_table.md",
                "# Pre-optimization (Q/K solve) per configuration\n\n"
                "fit = MSE between the solved maps and the impulse targets on the pseudo-input; "
                "target mass = mean attention on the target key (rows with a target). "
                "official = the paper's own solver (10,000 Adam steps, stage reference_solve) on the "
-               "same shape, offsets and seed; the structured init is meant to match its softness.\n\n"
+               "same shape, offsets and seed; the structured init is meant to match its softness. "
+               "The paper publishes no solver figures: the official solver, run here, is the "
+               "reference.\n\n"
                f"Structured init: {report.init_description(params['init'])}.\n\n"
                + report.preopt_table(preopt) + "\n")
     write_json(out / "conclusions.json", {"test": stats.TEST, "alpha": stats.ALPHA,
