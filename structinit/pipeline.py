@@ -24,3 +24,25 @@ def impulse_options(init_params: dict) -> dict:
     solver = opts.get("solver", "closed_form")
     opts.update(init_params.get(solver) or {})   # e.g. init.adam: {steps: ..., lr: ...}
     return opts
+
+
+def load_impulse_solution(path, remake_hint: str):
+    """A preoptimize artifact (checked file) -> ImpulseSolution; CorruptFileError if it is not one."""
+    from .init import ImpulseSolution
+    from .io import CorruptFileError, load_checked
+
+    solution = load_checked(path, remake_hint)
+    try:
+        return ImpulseSolution.from_dict(solution)
+    except (TypeError, KeyError, AttributeError) as e:
+        raise CorruptFileError(f"{path} is not a pre-optimization artifact ({e})") from None
+
+
+def initialized_vit(model_cfg: dict, spec: DatasetSpec, init: str, seed: int, **options):
+    """A ViT of the recipe's shape, initialized by `init` for `seed`, exactly as a training stage
+    starts it: (model, InitRecord). The analysis stages call this to rebuild a cell's model at
+    initialization (only the trained weights are kept as outputs)."""
+    from .init import initialize
+
+    model = build_model(model_cfg, spec)
+    return model, initialize(model, init, seed=seed, **options)

@@ -97,7 +97,8 @@ def compare_all(groups: dict[str, list[float]], family: str = "", alpha: float =
     return out
 
 
-def conclusion_lines(comparisons: list[Comparison], label=str, alpha: float = ALPHA) -> list[str]:
+def conclusion_lines(comparisons: list[Comparison], label=str, alpha: float = ALPHA,
+                     unit: str = "points") -> list[str]:
     """Markdown bullets: significant differences first (largest first), then the rest."""
     def n_text(c):
         return f"n = {c.n_a}" if c.n_a == c.n_b else f"n = {c.n_a} vs {c.n_b}"
@@ -106,7 +107,7 @@ def conclusion_lines(comparisons: list[Comparison], label=str, alpha: float = AL
     sig = sorted((c for c in comparisons if c.verdict != "~"), key=lambda c: -abs(c.mean_a - c.mean_b))
     for c in sig:
         hi, lo = (c.a, c.b) if c.verdict == ">" else (c.b, c.a)
-        lines.append(f"- {c.family}: **{label(hi)} > {label(lo)}** by {abs(c.mean_a - c.mean_b):.2f} points "
+        lines.append(f"- {c.family}: **{label(hi)} > {label(lo)}** by {abs(c.mean_a - c.mean_b):.2f} {unit} "
                      f"(p = {c.p_holm:.3g} Holm, {n_text(c)})")
     for c in comparisons:
         if c.verdict != "~":
@@ -120,8 +121,99 @@ def conclusion_lines(comparisons: list[Comparison], label=str, alpha: float = AL
     return lines
 
 
-def conclusions_block(comparisons: list[Comparison], label=str, alpha: float = ALPHA) -> str:
-    return ("## Conclusions\n\n"
+def conclusions_block(comparisons: list[Comparison], label=str, alpha: float = ALPHA,
+                      unit: str = "points", title: str = "Conclusions") -> str:
+    return (f"## {title}\n\n"
             f"Generated from the cells above. Test: {TEST}; \"A > B\" only when the corrected "
             f"p < {alpha}. Anything else is stated as not distinguishable.\n\n"
-            + "\n".join(conclusion_lines(comparisons, label, alpha)) + "\n")
+            + "\n".join(conclusion_lines(comparisons, label, alpha, unit)) + "\n")
+
+
+# --- does a difference change between conditions? (the data-size study) -----------------------
+
+@dataclass(frozen=True)
+class GapChange:
+    family: str       # e.g. "digits"
+    a: str            # the variant, e.g. "impulse3"
+    b: str            # the reference it is compared with, e.g. "trunc_normal"
+    base: str         # the condition the gap is measured from, e.g. the full training set
+    other: str        # the condition it is compared at, e.g. 10 % of it
+    gap_base: float   # mean(a) - mean(b) at base
+    gap_other: float  # mean(a) - mean(b) at other
+    n: int            # the smallest group
+    p: float          # two-sided p of gap_other - gap_base (nan: not testable)
+    p_holm: float
+    verdict: str      # ">" (the gap is larger at other), "<" (smaller), "~" (not distinguishable)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def difference_of_differences_p(a_other, b_other, a_base, b_base) -> float:
+    """Two-sided p of (mean a_other - mean b_other) - (mean a_base - mean b_base) = 0, four
+    independent groups: a t-statistic with the Welch-Satterthwaite degrees of freedom (what
+    Welch's test is for two groups). nan when a group has one value or there is no spread."""
+    groups = [np.asarray(g, float) for g in (a_other, b_other, a_base, b_base)]
+    if any(len(g) < 2 for g in groups):
+        return math.nan
+    terms = [g.var(ddof=1) / len(g) for g in groups]
+    se2 = sum(terms)
+    if se2 == 0:
+        return math.nan
+    dof = se2 ** 2 / sum(t ** 2 / (len(g) - 1) for t, g in zip(terms, groups))
+    diff = (groups[0].mean() - groups[1].mean()) - (groups[2].mean() - groups[3].mean())
+    return float(2 * sps.t.sf(abs(diff) / math.sqrt(se2), dof))
+
+
+def compare_gap_changes(groups: dict[tuple[str, str], list[float]], reference: str, base: str,
+                        family: str = "", alpha: float = ALPHA) -> list[GapChange]:
+    """groups[(variant, condition)] -> values. For every variant but `reference` and every
+    condition but `base`: does variant - reference differ between that condition and `base`?
+    Holm-corrected over all of them (one family)."""
+    variants = [v for v in dict.fromkeys(v for v, _ in groups) if v != reference]
+    conditions = [c for c in dict.fromkeys(c for _, c in groups) if c != base]
+    pairs = [(v, c) for v in variants for c in conditions]
+    raw = [difference_of_differences_p(groups[v, c], groups[reference, c], groups[v, base],
+                                       groups[reference, base]) for v, c in pairs]
+    testable = [i for i, p in enumerate(raw) if not math.isnan(p)]
+    adjusted = dict(zip(testable, holm([raw[i] for i in testable])))
+    out = []
+    for i, (v, c) in enumerate(pairs):
+        gap = {k: float(np.mean(groups[v, k]) - np.mean(groups[reference, k])) for k in (base, c)}
+        p_holm = adjusted.get(i, math.nan)
+        verdict = "~" if math.isnan(p_holm) or p_holm >= alpha else (">" if gap[c] > gap[base] else "<")
+        n = min(len(groups[k]) for k in ((v, c), (reference, c), (v, base), (reference, base)))
+        out.append(GapChange(family, v, reference, base, c, gap[base], gap[c], n, raw[i], p_holm, verdict))
+    return out
+
+
+def gap_change_lines(changes: list[GapChange], label=str, condition=str, unit: str = "points") -> list[str]:
+    """One markdown bullet per (family, variant): its gap to the reference at the base
+    condition and at each other one, whether it changed (only what the test supports), and a
+    closing sentence that claims a change only where one is significant."""
+    lines = []
+    for (family, a, b), group in itertools.groupby(changes, key=lambda c: (c.family, c.a, c.b)):
+        group = list(group)
+        first = group[0]
+        parts = []
+        for c in group:
+            change = c.gap_other - c.gap_base
+            if c.verdict == "~":
+                how = ("not testable" if math.isnan(c.p) else
+                       f"change not distinguishable from 0 ({change:+.2f}, p = {c.p_holm:.2g} Holm)")
+            else:
+                how = (f"**{'larger' if c.verdict == '>' else 'smaller'}** by {abs(change):.2f} {unit} "
+                       f"(p = {c.p_holm:.3g} Holm)")
+            parts.append(f"{c.gap_other:+.2f} at {condition(c.other)}: {how}")
+        larger = [condition(c.other) for c in group if c.verdict == ">"]
+        smaller = [condition(c.other) for c in group if c.verdict == "<"]
+        if not larger and not smaller:
+            verdict = (f"No change of the gap with {condition(first.base)} as the reference is supported "
+                       f"at n = {min(c.n for c in group)}.")
+        else:
+            verdict = " ".join(
+                f"The gap is {word} at {', '.join(where)} than at {condition(first.base)}."
+                for word, where in (("larger", larger), ("smaller", smaller)) if where)
+        lines.append(f"- {family}, {label(a)} − {label(b)}: {first.gap_base:+.2f} {unit} at "
+                     f"{condition(first.base)}; " + "; ".join(parts) + f". {verdict}")
+    return lines

@@ -93,3 +93,52 @@ def test_real_images_blur_the_structured_init_s_attention(digits):
     assert torch.allclose(real.maps.sum(-1), torch.ones(3, 3, 64), atol=1e-5)
     assert (real.target_mass()[0] < 0.5 * pseudo.target_mass()[0]).all()
     assert (real.mean_distance()[0] > pseudo.mean_distance()[0]).all()
+
+
+def test_analyze_model_peaks_on_each_head_s_offset_and_batches_do_not_change_it(digits):
+    """The offset profile of a sharp structured init peaks at each head's impulse offset on the
+    pseudo-input; averaging over images in batches equals one pass; distances and
+    representations have the documented shapes."""
+    from structinit.analysis import ModelAnalysis, analyze_model, test_batch
+
+    model = small_vit()
+    si.initialize(model, "impulse", seed=0, kernel=3, target_mass=0.9)
+    images = test_batch(digits, 40)
+    a = analyze_model(model, images, batch_size=40)
+    b = analyze_model(model, images, batch_size=16)                  # 16 + 16 + 8: weighted mean
+    assert torch.allclose(a.profile_images, b.profile_images, atol=1e-6)
+    assert torch.allclose(a.representations, b.representations, atol=1e-5)
+    assert a.profile_pseudo.shape == (3, 3, 15, 15) and a.representations.shape == (3, 40, 48)
+    for layer, heads in enumerate(a.offsets):
+        for h, (m, n) in enumerate(heads):
+            prof = a.profile_pseudo[layer, h]
+            assert prof.argmax().item() == (m + 7) * 15 + (n + 7), (layer, h, (m, n))
+            assert a.target_pseudo[layer, h] > 0.5
+    assert (a.target_images < a.target_pseudo).all()
+    again = ModelAnalysis.from_dict(a.to_dict())
+    assert again.offsets == a.offsets and torch.equal(again.profile_images, a.profile_images)
+    base = small_vit()
+    si.initialize(base, "trunc_normal", seed=0)
+    plain = analyze_model(base, images)
+    assert plain.target_pseudo is None and plain.offsets is None
+
+
+def test_uniform_distance_matches_a_uniform_map_and_figures_are_byte_stable(digits, tmp_path):
+    """The reference line of the distance plot is uniform attention's mean distance; a figure
+    drawn twice from the same analysis is the same file (DVC sees no change on a re-run)."""
+    from structinit.analysis import analyze_model, test_batch
+    from structinit.figures import attention as fig
+    from structinit.figures.style import save_figure
+
+    n = GRID[0] * GRID[1]
+    assert fig.uniform_distance(GRID) == pytest.approx(_maps([[1 / n] * n] * n).mean_distance().item(), rel=1e-6)
+    model = small_vit()
+    si.initialize(model, "impulse", seed=0, kernel=3)
+    a = analyze_model(model, test_batch(digits, 16))
+    analyses = {"impulse3": {"at_init": a, "trained": a}}
+    digests = set()
+    for i in range(2):
+        save_figure(fig.kernel_grids(analyses, {"impulse3": 3}), tmp_path / f"k{i}.png")
+        digests.add((tmp_path / f"k{i}.png").read_bytes())
+    assert len(digests) == 1 and next(iter(digests))[:8] == b"\x89PNG\r\n\x1a\n"
+    assert fig.shown_blocks(12) == [0, 6, 11] and fig.shown_blocks(1) == [0]

@@ -1,0 +1,80 @@
+"""analyze: one trained ViT cell -> its attention and representations at init and after
+training, per seed (structinit/analysis.py), for the attention report's tables and figures.
+
+The model at initialization is rebuilt (same init, seed and, for the structured init, the same
+preoptimize artifact the training stage used); the trained weights are the training stage's.
+    python -m stages.analyze --dataset digits --init impulse3 --seeds-from grid.seeds \
+        --data data/prepared/digits.pt --models models/digits-impulse3 \
+        --solutions artifacts/preopt/digits-3 --images 512 --out artifacts/analysis/digits-impulse3
+"""
+import argparse
+
+import torch
+
+from stages.common import load_params, recipe, run_stage, seed_dir, seeds_at
+from structinit.analysis import analyze_model, test_batch
+from structinit.config import METHODS
+from structinit.data import ImageData
+from structinit.io import load_torch, save_checked
+from structinit.numerics import use_pinned_threads
+from structinit.pipeline import initialized_vit, load_impulse_solution
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--init", required=True, help="a baseline (trunc_normal, ...) or impulse<k>")
+    ap.add_argument("--seeds-from", required=True, metavar="KEY", help="e.g. grid.seeds")
+    ap.add_argument("--data", required=True, help="prepared dataset (download stage)")
+    ap.add_argument("--models", required=True, help="the training stage's folder of seed<s>.pt")
+    ap.add_argument("--solutions", help="impulse<k>: its preoptimize folder (seed<s>.pt)")
+    ap.add_argument("--images", type=int, default=512, help="first N test images (default 512)")
+    ap.add_argument("--out", required=True, help="folder of seed<s>.pt analyses")
+    a = ap.parse_args()
+    base = "impulse" if a.init.startswith("impulse") else a.init
+    if base not in METHODS:
+        ap.error(f"--init {a.init!r}: expected one of {[m for m in METHODS if m != 'impulse']} or impulse<k>")
+    if base == "impulse" and not a.solutions:
+        ap.error(f"--init {a.init}: give --solutions, the preoptimize artifacts the cell was trained from")
+    if a.images < 2:
+        ap.error(f"--images {a.images}: need at least 2 test images")
+    return a, base
+
+
+def main():
+    a, base = parse_args()
+    params = load_params()
+    model_cfg = recipe(params, a.dataset)["model"]
+    seeds = seeds_at(params, a.seeds_from)
+    data = ImageData.load(a.data)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu":
+        use_pinned_threads()                 # same bytes on every x86-64 CPU (numerics.py)
+    images = test_batch(data, a.images).to(device)
+    for seed in seeds:
+        options = {}
+        if base == "impulse":
+            options["solution"] = load_impulse_solution(
+                seed_dir(a.solutions, seed).with_suffix(".pt"),
+                f"a pre-optimization artifact: re-create it with dvc repro -f preoptimize@{a.dataset}-"
+                f"{a.init.removeprefix('impulse')}")
+        model, _ = initialized_vit(model_cfg, data.spec, base, seed, **options)
+        model.to(device)
+        at_init = analyze_model(model, images)
+        weights = seed_dir(a.models, seed).with_suffix(".pt")
+        model.load_state_dict(load_torch(weights, f"trained weights: re-create them with dvc repro "
+                                                  f"-f train_*@{a.dataset}-*", map_location=device))
+        trained = analyze_model(model, images)
+        to_cpu = lambda m: {k: v.cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731
+                            for k, v in m.to_dict().items()}
+        save_checked(seed_dir(a.out, seed).with_suffix(".pt"),
+                     {"dataset": a.dataset, "init": a.init, "seed": seed, "images": len(images),
+                      "at_init": to_cpu(at_init), "trained": to_cpu(trained)})
+        mass = "" if trained.target_images is None else (
+            f", target mass on images {at_init.target_images.mean():.3f} -> {trained.target_images.mean():.3f}")
+        print(f"{a.dataset}-{a.init}-{seed}: mean attention distance on images "
+              f"{at_init.distance_images.mean():.2f} -> {trained.distance_images.mean():.2f} patches{mass}")
+
+
+if __name__ == "__main__":
+    run_stage(main)

@@ -1,0 +1,70 @@
+"""What a ViT's attention and representations look like: the numbers behind reports/attention.md.
+
+    analyze_model(model, images) -> ModelAnalysis   one model (at init or trained)
+    test_batch(data, count)      -> (B, C, H, W)     the first `count` test images, normalized
+
+A ModelAnalysis keeps, per block and head, the *offset profile* (mean attention a query puts on
+the key at each relative offset (m, n): the translation-averaged attention map, where an
+impulse head is one bright pixel at its offset), the mean attention distance, and the mass on
+the head's impulse offset when the model has one; each on the pseudo-input (what the structured
+init was solved on) and averaged over real images. It also keeps each block's token-mean
+output on the images, for CKA between models.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .attention import attention_maps
+from .cka import layer_representations
+
+
+@dataclass
+class ModelAnalysis:
+    profile_pseudo: torch.Tensor      # (L, H, 2gh-1, 2gw-1) offset profile on the pseudo-input
+    profile_images: torch.Tensor      # (L, H, 2gh-1, 2gw-1) ... averaged over the images
+    distance_pseudo: torch.Tensor     # (L, H) mean attention distance in patches
+    distance_images: torch.Tensor     # (L, H)
+    target_pseudo: torch.Tensor | None   # (L, H) mass on the head's impulse offset (None: no offsets)
+    target_images: torch.Tensor | None
+    offsets: list | None              # offsets[l][h] = (m, n) of the structured init, else None
+    representations: torch.Tensor     # (L, B, C) each block's output, mean over tokens
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelAnalysis":
+        d = dict(d)
+        if d["offsets"] is not None:
+            d["offsets"] = [[tuple(o) for o in layer] for layer in d["offsets"]]
+        return cls(**d)
+
+
+def test_batch(data, count: int | None) -> torch.Tensor:
+    """The first `count` test images (all when None), normalized as the trainer normalizes them."""
+    x = data.test_images[:count].float()
+    mean = torch.tensor(data.spec.mean).view(1, -1, 1, 1) * 255
+    std = torch.tensor(data.spec.std).view(1, -1, 1, 1) * 255
+    return (x - mean) / std
+
+
+@torch.no_grad()
+def analyze_model(model, images: torch.Tensor, batch_size: int = 256) -> ModelAnalysis:
+    """Attention statistics of `model` on the pseudo-input and on `images` (B, C, H, W), in
+    batches of `batch_size` (maps are averaged over all images, weighting every image alike)."""
+    pseudo = attention_maps(model)
+    chunks = images.split(batch_size)
+    on_images = [attention_maps(model, x, offsets=pseudo.offsets) for x in chunks]
+    weights = [len(x) / len(images) for x in chunks]
+    real = on_images[0]
+    real.maps = sum(w * a.maps for w, a in zip(weights, on_images))
+    reps = [torch.cat(layer) for layer in zip(*(layer_representations(model, x) for x in chunks))]
+    has_offsets = pseudo.offsets is not None
+    return ModelAnalysis(
+        profile_pseudo=pseudo.offset_mass(), profile_images=real.offset_mass(),
+        distance_pseudo=pseudo.mean_distance(), distance_images=real.mean_distance(),
+        target_pseudo=pseudo.target_mass() if has_offsets else None,
+        target_images=real.target_mass() if has_offsets else None,
+        offsets=pseudo.offsets, representations=torch.stack(reps))
