@@ -22,7 +22,8 @@ export PATH="$VENV/bin:$PATH" DVC_NO_ANALYTICS=1
 cmd=${1:-test}
 shift || true
 case "$cmd" in
-  test)  exec python -m pytest "$@" ;;
+  test)  bash tests/setup_browser.sh # chromium + local vega JS for test_plots_render (never fails)
+         exec python -m pytest "$@" ;;
   repro) exec dvc repro "$@" ;;
   *)     exec "$cmd" "$@" ;;
 esac

@@ -1,4 +1,6 @@
-"""aggregate: every cell of the current grid -> reports/ (tables, summary.json, curves.csv).
+"""aggregate: every cell of the current grid -> reports/ (tables, summary.json, cells.csv).
+
+The per-epoch curves (reports/curves.csv, figures) are the `curves` stage's (stages/curves.py).
 
 The expected cells are rebuilt from params.yaml, so a grid that shrinks leaves no stale
 rows, and a missing cell fails the stage, naming it (no silent holes in a table).
@@ -39,7 +41,7 @@ def main():
                if not (seed_dir(Path(a.results) / f"{d}-{i}", s) / "metrics.json").exists()]
     if missing:
         raise SystemExit(f"missing results for {len(missing)} cell(s): {missing}")
-    rows, curves = zip(*(read_grid_cell(Path(a.results), *e) for e in expected))
+    rows = [read_grid_cell(Path(a.results), *e)[0] for e in expected]
     cells = pd.DataFrame(rows)
     solves = list(itertools.product(grid["datasets"], grid["kernels"], grid["seeds"]))
     record = lambda folder, d, k, s: json.loads(seed_dir(Path(folder) / f"{d}-{k}", s).with_suffix(".json").read_text())  # noqa: E731
@@ -83,8 +85,6 @@ def main():
     write_json(out / "conclusions.json", {"test": stats.TEST, "alpha": stats.ALPHA,
                                           "comparisons": [c.to_dict() for c in comparisons]})
     write_json(out / "summary.json", report.summary(cells, grid["datasets"], inits, ours))
-    pd.concat(curves)[["cell", "epoch", "acc"]].rename(columns={"acc": "test_acc"}).to_csv(
-        out / "curves.csv", index=False)
     cells.to_csv(out / "cells.csv", index=False, float_format="%.3f")
     print((out / "main_table.md").read_text())
 

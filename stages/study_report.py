@@ -1,6 +1,7 @@
 """<study>_report: one study's table under reports/, from its cells (and the main grid's).
 
     python -m stages.study_report {convmixer,pseudo_input,heads_width} --out reports/<table>.md
+    python -m stages.study_report data_size --out reports/data_size.md --figures reports/figures/data_size
 
 Like aggregate, the expected cells come from params.yaml and a missing one fails the stage.
 Cells the main grid already trained (the structured init with the main init settings, the
@@ -8,15 +9,18 @@ recipe's own model shape) are read from results/train, not trained again.
 """
 import argparse
 import itertools
+import os
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from stages.common import load_params, read_cell, recipe, run_stage, seed_dir, write_text
 from structinit import report, stats
 from structinit.config import FILTER_MODES, pseudo_variant
+from structinit.steps import steps_per_epoch
 
-STUDIES = ("convmixer", "pseudo_input", "heads_width")
+STUDIES = ("convmixer", "pseudo_input", "heads_width", "data_size")
 
 
 SOFTNESS_CAVEAT = (
@@ -32,12 +36,17 @@ def _what_ran(params, study, extra=""):
             "accuracy (%), mean ± std over seeds, 95% CI = t-interval of the mean, n = seeds.")
 
 
-def _collect(expected):
-    """expected: [(cell folder, seed, fields)] -> DataFrame; fails naming every missing run."""
+def _collect(expected, logged=()):
+    """expected: [(cell folder, seed, fields)] -> DataFrame; fails naming every missing run.
+    logged: keys of each run's logged params (its params.yaml) to add as columns."""
     missing = [str(seed_dir(p, s)) for p, s, _ in expected if not (seed_dir(p, s) / "metrics.json").exists()]
     if missing:
         raise SystemExit(f"missing results for {len(missing)} run(s): {missing}")
-    return pd.DataFrame([{**fields, **read_cell(p, s)[0]} for p, s, fields in expected])
+
+    def params_of(p, s):
+        run = yaml.safe_load((seed_dir(p, s) / "params.yaml").read_text()) if logged else {}
+        return {k: run[k] for k in logged}
+    return pd.DataFrame([{**fields, **read_cell(p, s)[0], **params_of(p, s)} for p, s, fields in expected])
 
 
 def convmixer(params, main, studies):
@@ -116,15 +125,89 @@ def heads_width(params, main, studies):
                 "Single runs; the recipe row is the main table's CIFAR-100 column.", row_label=str))
 
 
+def data_size(params, main, studies, out, figures):
+    from structinit.figures.data_size import write_data_size_figures  # matplotlib: this study only
+
+    s = params["studies"]["data_size"]
+    cells = _data_size_cells(s, main, studies)
+    sizes = list(dict.fromkeys(cells["size"]))
+    images = lambda z: z.replace(" (", " images (", 1)  # noqa: E731  "144 images (10 %)"
+    held = "; ".join(f"{d} {images(z)}: {g.epochs.iloc[0]} epochs × {g.steps_per_epoch.iloc[0]} = "
+                     f"{g.steps.iloc[0]:,} steps" for (d, z), g in cells.groupby(["dataset", "size"], sort=False))
+    figures_md = "".join(f"![{p.stem}: accuracy vs training-set size]"
+                         f"({Path(os.path.relpath(p, Path(out).parent)).as_posix()})\n\n"
+                         for p in write_data_size_figures(cells, figures))
+    return ("# When does it matter? Accuracy against training-set size\n\n"
+            "The main initializers trained on stratified subsets of the main grid's training set "
+            "(`studies.data_size.fractions`, drawn with `data.subset_seed`: the same images for every "
+            "initializer and seed); the 100 % rows are the main grid's cells, reused. **The optimizer's "
+            "step count is held at the main grid's, not the epoch count**: the same epochs on 10 % of "
+            "the images would be 10 % of the steps, and every initializer would look worse for being "
+            "trained less. Steps per epoch = images // batch (drop-last; the batch is kept); epochs = "
+            "round(main grid's steps / steps per epoch); the warm-up lasts the main grid's warm-up "
+            "steps, and the test set is evaluated about as often in steps, and at the last epoch "
+            "(`structinit/steps.py`).\n\n"
+            + _what_ran(params, "data_size", f"Steps held: {held}") + "\n\n"
+            + report.schedule_table(cells) + "\n\n"
+            + report.study_table(cells, "init", "size", list(s["inits"]), sizes,
+                                 row_label=report.label, col_label=images) + "\n\n"
+            + figures_md
+            + stats.conclusions_block(report.pairwise_comparisons(cells, "init", within="size"), report.label)
+            + _gap_block(cells, s, images)
+            + "\n" + report.paper_main_block(s["inits"], note=(
+                "The paper has no data-size study. Its datasets differ in size and, for ImageNet-1K, "
+                "in recipe, so its columns are its only evidence on size, and a confounded one: "
+                + report.paper_gaps(s["inits"]) + ".")))
+
+
+def _data_size_cells(s, main, studies):
+    """Every run of the study and its 100 % points (the main grid's cells), with what each ran:
+    its training images (logged), the epochs it logged metrics for, and the optimizer steps."""
+    expected = [(studies / "data_size" / f"{d}-{f}-{i}", seed, dict(dataset=d, fraction=f, init=i))
+                for d, f, i, seed in itertools.product(s["datasets"], s["fractions"], s["inits"], s["seeds"])]
+    expected += [(main / f"{d}-{i}", seed, dict(dataset=d, fraction=1.0, init=i))
+                 for d, i, seed in itertools.product(s["datasets"], s["inits"], s["seeds"])]
+    cells = _collect(expected, logged=("train_images", "batch_size", "warmup_epochs", "eval_every"))
+    cells["steps_per_epoch"] = [steps_per_epoch(n, b) for n, b in zip(cells.train_images, cells.batch_size)]
+    cells["steps"] = cells.epochs * cells.steps_per_epoch
+    cells = cells.sort_values(["dataset", "train_images"], kind="stable").reset_index(drop=True)
+    cells["size"] = [report.size_label(n, f) for n, f in zip(cells.train_images, cells.fraction)]
+    return cells
+
+
+def _gap_block(cells, s, condition) -> str:
+    """Does each initializer's difference to Trunc Normal change from the main grid's set to the
+    smaller ones? Empty without Trunc Normal in the study."""
+    if "trunc_normal" not in s["inits"] or len(s["inits"]) < 2:
+        return ""
+    changes = []
+    for d, rows in cells.groupby("dataset", sort=False):
+        groups = {key: g.acc.tolist() for key, g in rows.groupby(["init", "size"], sort=False)}
+        full = rows[rows.fraction == 1.0]["size"].iloc[0]
+        smaller = [z for z in reversed(list(dict.fromkeys(rows["size"]))) if z != full]  # largest first
+        changes += stats.compare_gap_changes({(i, z): groups[i, z] for i in s["inits"] for z in [full] + smaller},
+                                             reference="trunc_normal", base=full, family=d)
+    return ("\n## Does the gap to Trunc Normal change as the data shrinks?\n\n"
+            "Generated: each initializer's difference to Trunc Normal at each smaller size against "
+            "the same difference on the main grid's set (difference of differences: t-test with "
+            "Welch-Satterthwaite degrees of freedom, Holm-corrected over the dataset's tests); a "
+            "change is stated only when the corrected p < 0.05.\n\n"
+            + "\n".join(stats.gap_change_lines(changes, report.label, condition)) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("study", choices=STUDIES)
     ap.add_argument("--main", default="results/train")
     ap.add_argument("--studies", default="results/studies")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--figures", help="data_size: the folder of its figures, <dataset>.png")
     a = ap.parse_args()
+    if (a.study == "data_size") != bool(a.figures):
+        ap.error("--figures FOLDER goes with the data_size study, and only with it")
     params = load_params()
-    text = globals()[a.study](params, Path(a.main), Path(a.studies))
+    extra = {"out": a.out, "figures": Path(a.figures)} if a.figures else {}
+    text = globals()[a.study](params, Path(a.main), Path(a.studies), **extra)
     write_text(a.out, text)
     print(text)
 

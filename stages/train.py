@@ -2,7 +2,7 @@
 filter mode, for each seed in --seeds-from, stacked into one model (structinit/stacked.py).
 
 Used by every training stage: train_baseline, train_impulse (main grid) and the studies
-(study_convmixer, study_pseudo_input, study_heads_width). The dataset's recipe comes from
+(study_convmixer, study_pseudo_input, study_heads_width, study_data_size). The dataset's recipe comes from
 params.yaml; the flags say what differs in this cell. Each seed keeps its own outputs:
 <out>/seed<s>/ (dvclive metrics and curves, init.json), <model-out>/seed<s>.pt, and its own
 resumable checkpoint.
@@ -16,10 +16,11 @@ from dvclive import Live
 
 from stages.common import (load_params, log_timings, recipe, run_stage, seed_dir, seeds_at,
                            write_record)
-from structinit.io import CorruptFileError, load_checked, save_torch, without_timings
-from structinit import ImageData, ImpulseSolution, TrainConfig, initialize, stratified_subset
+from structinit.io import save_torch, without_timings
+from structinit import ImageData, TrainConfig, stratified_subset
 from structinit.models import create_convmixer
-from structinit.pipeline import build_model, impulse_options, parse_pseudo_variant
+from structinit.pipeline import impulse_options, initialized_vit, load_impulse_solution, parse_pseudo_variant
+from structinit.steps import match_steps, steps_per_epoch, total_steps
 from structinit.train import train_models
 
 
@@ -40,6 +41,13 @@ def parse_args():
     cm = ap.add_argument_group("ConvMixer")
     cm.add_argument("--convmixer", metavar="SIZE", help="a key of convmixer_sizes in params.yaml")
     cm.add_argument("--filter-mode", help="learned, random, impulse or box")
+    size = ap.add_argument_group("data size")
+    size.add_argument("--train-fraction", type=float, metavar="F",
+                      help="train on this fraction, in (0, 1), of the main grid's training set "
+                           "(data.train_size: all by default), stratified with data.subset_seed")
+    size.add_argument("--match-steps", action="store_true",
+                      help="with --train-fraction: as many optimizer steps as the main grid's run "
+                           "(epochs, warm-up and eval_every scaled: structinit/steps.py)")
     a = ap.parse_args()
     if a.init and a.init.startswith("impulse") and a.init != "impulse":
         a.kernel, a.init = int(a.init.removeprefix("impulse")), "impulse"
@@ -47,6 +55,10 @@ def parse_args():
         ap.error("give either --init (ViT) or --convmixer SIZE --filter-mode MODE")
     if a.init == "impulse" and a.solutions is None and a.kernel is None:
         ap.error("--init impulse needs --kernel or --solutions")
+    if a.train_fraction is not None and not 0 < a.train_fraction < 1:
+        ap.error(f"--train-fraction {a.train_fraction}: must be in (0, 1); 1 is the main grid's cell")
+    if a.match_steps and a.train_fraction is None:
+        ap.error("--match-steps needs --train-fraction")
     return a
 
 
@@ -65,22 +77,34 @@ def build(a, params, rec, spec, seed):
         if a.shape not in shapes:
             raise SystemExit(f"unknown model shape {a.shape!r}; model_shapes has {sorted(shapes)}")
         model_cfg.update(shapes[a.shape])
-    model = build_model(model_cfg, spec)
     options = {}
     if a.init == "impulse":
         if a.solutions:
-            path = seed_dir(a.solutions, seed).with_suffix(".pt")
-            solution = load_checked(path, f"a pre-optimization artifact: re-create it with dvc repro -f "
-                                          f"preoptimize@{a.dataset}-{a.kernel}")
-            try:
-                options["solution"] = ImpulseSolution.from_dict(solution)
-            except (TypeError, KeyError, AttributeError) as e:
-                raise CorruptFileError(f"{path} is not a pre-optimization artifact ({e})") from None
+            options["solution"] = load_impulse_solution(
+                seed_dir(a.solutions, seed).with_suffix(".pt"),
+                f"a pre-optimization artifact: re-create it with dvc repro -f preoptimize@{a.dataset}-{a.kernel}")
         else:
             options = {**impulse_options(params["init"]), "kernel": a.kernel,
                        **(parse_pseudo_variant(a.pseudo) if a.pseudo else {})}
-    record = initialize(model, a.init, seed=seed, **options)
+    model, record = initialized_vit(model_cfg, spec, a.init, seed, **options)
     return model, {"model": "vit", **model_cfg, **record.to_dict()}
+
+
+def data_size_cell(a, train: dict, subset, labels, subset_seed: int):
+    """--train-fraction: this cell's images, a stratified subset drawn within the main grid's
+    (`subset`), and with --match-steps the train settings at the main grid's step count.
+    Returns (subset, train settings, what to log beside them: sizes and steps)."""
+    n_main, main_steps = len(subset), total_steps(train, len(subset))
+    subset = subset[stratified_subset(labels[subset], a.train_fraction, seed=subset_seed)]
+    if a.match_steps:
+        try:
+            train = match_steps(train, n_main, len(subset))
+        except ValueError as e:
+            raise SystemExit(f"--train-fraction {a.train_fraction}: {e}") from None
+    return subset, train, {
+        "train_fraction": a.train_fraction, "main_grid_train_images": n_main, "match_steps": a.match_steps,
+        "steps_per_epoch": steps_per_epoch(len(subset), train["batch_size"]),
+        "steps": total_steps(train, len(subset)), "main_grid_steps": main_steps}
 
 
 def cell_fingerprint(init_record: dict, subset) -> dict:
@@ -94,10 +118,13 @@ def main():
     params = load_params()
     rec = recipe(params, a.dataset)
     seeds = seeds_at(params, a.seeds_from)
-    cfgs = [TrainConfig(**rec["train"], seed=seed) for seed in seeds]   # bad keys/values fail here, early
     data = ImageData.load(a.data)
     subset = stratified_subset(data.train_labels, params["data"]["train_size"],
                                seed=params["data"]["subset_seed"])
+    train, sizes = rec["train"], {}
+    if a.train_fraction is not None:
+        subset, train, sizes = data_size_cell(a, train, subset, data.train_labels, params["data"]["subset_seed"])
+    cfgs = [TrainConfig(**train, seed=seed) for seed in seeds]
     models, records = zip(*(build(a, params, rec, data.spec, seed) for seed in seeds))
     # Checkpoints live outside DVC's outputs (DVC deletes outputs before a stage runs), so an
     # interrupted cell resumes each seed from its last finished epoch. STRUCTINIT_CKPT_DIR moves them.
@@ -109,7 +136,7 @@ def main():
         for live, seed, record in zip(lives, seeds, records):
             live.log_params({"dataset": a.dataset, "seed": seed, "train_images": len(subset),
                              **{k: v for k, v in record.items() if k in ("model", "method", "size", "filter_mode")},
-                             **rec["train"]})
+                             **train, **sizes})
 
         def log(i, metrics):
             for key in ("train_loss", "train_acc", "test_loss", "test_acc", "lr"):

@@ -6,11 +6,16 @@ Where things are:
     structinit/init/             initialize(model, method): every initializer by name
     structinit/models/           create_vit (timm ViT), ConvMixer filter modes
     structinit/attention.py      attention maps and mass on each head's offset
+    structinit/analysis.py       a model's attention and representations (reports/attention.md)
+    structinit/cka.py            linear CKA between layers of models
     structinit/data.py           dataset registry (digits, cifar10, cifar100, svhn)
     structinit/train.py          the trainer: several models of one cell at once (train_models)
     structinit/stacked.py        N models of one architecture run as one (torch.func.vmap)
     structinit/cpu_chunks.py     CPU: a batch as one single-threaded chunk per core
+    structinit/steps.py          held optimizer steps for the data-size study
+    structinit/curves.py         per-epoch curves of a grid's cells
     structinit/report.py         the comparison tables
+    structinit/figures/          every figure in reports/ (matplotlib)
 
 The names below are imported on first use (PEP 562), not at `import structinit`: timm and
 torchvision take ~4 s to import, and the stages that never build a model (download,
@@ -33,8 +38,9 @@ _EXPORTS = {
     ".train": ("TrainConfig", "default_device", "train_model", "train_models"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-_SUBMODULES = ("attention", "augment", "config", "cpu_chunks", "data", "datasets", "errors", "init",
-               "io", "models", "numerics", "params", "pipeline", "report", "stacked", "stats", "train")
+_SUBMODULES = ("analysis", "attention", "augment", "cka", "config", "cpu_chunks", "curves", "data",
+               "datasets", "errors", "figures", "init", "io", "models", "numerics", "params", "pipeline",
+               "report", "stacked", "stats", "steps", "train")
 __all__ = list(_MODULE_OF)
 
 

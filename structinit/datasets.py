@@ -24,6 +24,10 @@ DATASETS = {
     "cifar100": DatasetSpec("cifar100", 32, 3, 100, CIFAR_MEAN, CIFAR_STD),
     "svhn": DatasetSpec("svhn", 32, 3, 10, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
 }
+# Training images per dataset (digits: the fixed 80 % split of data.py; the others: their
+# train splits). Not part of DatasetSpec, which prepared files store: params.yaml's schema
+# needs the counts (a study's subset must hold a batch) before any data is loaded.
+TRAIN_IMAGES = {"digits": 1437, "cifar10": 50_000, "cifar100": 50_000, "svhn": 73_257}
 
 
 def get_spec(name: str) -> DatasetSpec:

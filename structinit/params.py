@@ -22,8 +22,9 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, create_mode
 
 from .config import (FILTER_MODES, METHODS, OFFSET_ORDERS, PSEUDO_INPUTS, SOLVER_NAMES, TrainConfig,
                      check_kernel, parse_pseudo_variant, pseudo_variant)
-from .datasets import DATASETS
+from .datasets import DATASETS, TRAIN_IMAGES
 from .errors import StructinitError
+from .steps import subset_size
 
 BASELINES = tuple(m for m in METHODS if m != "impulse")   # kernel-independent initializers
 
@@ -151,27 +152,38 @@ class PseudoInputStudy(_Section):
         return variants
 
 
+def _initializers(inits: list) -> list:
+    for name in inits:
+        if name not in BASELINES and _impulse_kernel(name) is None:
+            raise ValueError(f"{name!r} is not an initializer; allowed: {list(BASELINES)} "
+                             "or impulse<k> (the structured init, k x k kernel, e.g. impulse3)")
+    return inits
+
+
 class HeadsWidthStudy(_Section):
     datasets: Annotated[list[Dataset], Field(min_length=1)]
     shapes: Annotated[list[str], Field(min_length=1)]
     inits: Annotated[list[str], Field(min_length=1)]
     seeds: Seeds
     _unique = field_validator("datasets", "shapes", "inits", "seeds")(_unique)
+    _inits = field_validator("inits")(_initializers)
 
-    @field_validator("inits")
-    @classmethod
-    def _inits(cls, inits):
-        for name in inits:
-            if name not in BASELINES and _impulse_kernel(name) is None:
-                raise ValueError(f"{name!r} is not an initializer; allowed: {list(BASELINES)} "
-                                 "or impulse<k> (the structured init, k x k kernel, e.g. impulse3)")
-        return inits
+
+class DataSizeStudy(_Section):
+    datasets: Annotated[list[Dataset], Field(min_length=1)]
+    # of the main grid's training set (its 100 % point, reused): 1 itself is not trained again
+    fractions: Annotated[list[Annotated[float, Field(gt=0, lt=1)]], Field(min_length=1)]
+    inits: Annotated[list[str], Field(min_length=1)]
+    seeds: Seeds
+    _unique = field_validator("datasets", "fractions", "inits", "seeds")(_unique)
+    _inits = field_validator("inits")(_initializers)
 
 
 class Studies(_Section):
     convmixer: ConvmixerStudy
     pseudo_input: PseudoInputStudy
     heads_width: HeadsWidthStudy
+    data_size: DataSizeStudy
 
 
 class ConvmixerSize(_Section):
@@ -215,7 +227,7 @@ def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
         out.append(("init.kernel", p.init.kernel, f"must be one of grid.kernels {g.kernels} "
                     "(it picks the main table's headline row)"))
     used = {("grid.datasets", d) for d in g.datasets} | {
-        (f"studies.{name}.datasets", d) for name in ("convmixer", "pseudo_input", "heads_width")
+        (f"studies.{name}.datasets", d) for name in ("convmixer", "pseudo_input", "heads_width", "data_size")
         for d in getattr(s, name).datasets}
     for path, d in sorted(used):
         if d not in p.recipes:
@@ -276,6 +288,28 @@ def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
     main_inits = list(g.baselines) + [f"impulse{k}" for k in g.kernels]
     out += _subset("studies.heads_width.inits", s.heads_width.inits, "the main grid's initializers",
                    main_inits, why)
+    why = "the study's 100 % points are the main grid's cells"
+    out += _subset("studies.data_size.seeds", s.data_size.seeds, "grid.seeds", g.seeds, why)
+    out += _subset("studies.data_size.datasets", s.data_size.datasets, "grid.datasets", g.datasets, why)
+    out += _subset("studies.data_size.inits", s.data_size.inits, "the main grid's initializers", main_inits, why)
+    out += _data_size_problems(p)
+    return out
+
+
+def _data_size_problems(p: Params) -> list:
+    """Each fraction of each dataset's main-grid training set must hold one batch of its
+    recipe: the study keeps the batch size and matches the optimizer's steps (steps.py)."""
+    out = []
+    for d in p.studies.data_size.datasets:
+        if d not in p.recipes:
+            continue                                 # reported above: no recipe
+        n_main = subset_size(TRAIN_IMAGES[d], p.data.train_size)
+        batch = p.recipes[d].train.batch_size
+        for i, f in enumerate(p.studies.data_size.fractions):
+            if (count := subset_size(n_main, f)) < batch:
+                out.append((f"studies.data_size.fractions[{i}]", f,
+                            f"{count} of the main grid's {n_main} {d} training images, fewer than "
+                            f"one batch ({batch}); allowed: fractions >= {batch / n_main:.3g}"))
     return out
 
 

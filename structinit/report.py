@@ -44,12 +44,14 @@ def paper_block(title: str, table: dict, columns: dict, note: str = "", row_labe
     return f"## The paper's numbers: {title}\n\n" + (f"{note}\n\n" if note else "") + body + "\n"
 
 
-def paper_main_block(inits=None) -> str:
-    """The paper's main table (all four datasets) for the given initializers (default all)."""
+def paper_main_block(inits=None, note: str = "") -> str:
+    """The paper's main table (all four datasets) for the given initializers (default all);
+    `note`: a report's own words about it, after the standard ones."""
     inits = [i for i in (inits or PAPER_MAIN) if i in PAPER_MAIN]
     return paper_block("main table (top-1 %)", {i: PAPER_MAIN[i] for i in inits}, PAPER_DATASETS,
                        "Published single runs, no error bars: ViT-T/2, 200 epochs on the 32×32 sets; "
-                       "ViT-T/16, 300 epochs on ImageNet-1K. Labelled as the paper's, not re-run here.")
+                       "ViT-T/16, 300 epochs on ImageNet-1K. Labelled as the paper's, not re-run here."
+                       + (f" {note}" if note else ""))
 
 
 def seed_stats(cells: pd.DataFrame, value: str = "acc", keys=("dataset", "init")) -> pd.DataFrame:
@@ -238,3 +240,39 @@ def pairwise_comparisons(cells: pd.DataFrame, group_key: str, within: str | None
         groups = {g: sub[sub[group_key] == g].acc.tolist() for g in dict.fromkeys(sub[group_key])}
         out += compare_all(groups, family=family)
     return out
+
+
+# --- the data-size study ------------------------------------------------------------------
+
+# Training images of the paper's datasets: its only evidence on size is across these columns.
+PAPER_TRAIN_IMAGES = {"cifar10": 50_000, "cifar100": 50_000, "svhn": 73_257, "imagenet": 1_281_167}
+
+
+def size_label(images: int, fraction: float) -> str:
+    """"144 (10 %)": training images and their share of the main grid's training set."""
+    return f"{images:,} ({100 * fraction:.3g} %)"
+
+
+def schedule_table(runs: pd.DataFrame) -> str:
+    """How long each training-set size trained: one line per (dataset, size). runs: one row
+    per run with dataset, size, train_images, batch_size, epochs, warmup_epochs, eval_every,
+    steps_per_epoch, steps (what the runs logged and ran)."""
+    cols = ["batch_size", "steps_per_epoch", "epochs", "warmup_epochs", "eval_every", "steps"]
+    ran = runs.groupby(["dataset", "size"], sort=False)[cols].agg(lambda v: sorted(set(v)))
+    rows = [[ds, size] + [", ".join(f"{x:g}" for x in r[c]) for c in cols]   # several: runs disagree
+            for (ds, size), r in ran.iterrows()]
+    return tabulate(rows, headers=["dataset", "training images", "batch", "steps / epoch", "epochs",
+                                   "warm-up epochs", "test every (epochs)", "optimizer steps"],
+                    tablefmt="github", disable_numparse=True)
+
+
+def paper_gaps(inits, reference: str = "trunc_normal") -> str:
+    """The paper's difference to `reference` per dataset, with each dataset's training images."""
+    parts = []
+    for init in inits:
+        if init == reference or init not in PAPER_MAIN:
+            continue
+        gaps = ", ".join(f"{PAPER_DATASETS[d]} ({PAPER_TRAIN_IMAGES[d]:,} images) "
+                         f"{PAPER_MAIN[init][d] - PAPER_MAIN[reference][d]:+.2f}" for d in PAPER_DATASETS)
+        parts.append(f"{label(init)} − {label(reference)}: {gaps}")
+    return "; ".join(parts)

@@ -208,8 +208,8 @@ def gap_change_lines(changes: list[GapChange], label=str, condition=str, unit: s
         larger = [condition(c.other) for c in group if c.verdict == ">"]
         smaller = [condition(c.other) for c in group if c.verdict == "<"]
         if not larger and not smaller:
-            verdict = (f"No change of the gap with {condition(first.base)} as the reference is supported "
-                       f"at n = {min(c.n for c in group)}.")
+            verdict = (f"No change of the gap between {condition(first.base)} and the other sizes is "
+                       f"supported at n = {min(c.n for c in group)}.")
         else:
             verdict = " ".join(
                 f"The gap is {word} at {', '.join(where)} than at {condition(first.base)}."

@@ -40,7 +40,8 @@ def tiny_repo_copy(root: Path) -> Path:
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO,
                            capture_output=True, text=True, check=True).stdout.split("\n")
     for f in filter(None, files):
-        if f.split("/")[0] in ("results", "reports", "dvc.lock") or not (REPO / f).exists():
+        if (f.split("/")[0] in ("results", "reports", "dvc.lock", "artifacts", "models", "data", "logs")
+                or not (REPO / f).exists()):
             continue                                   # start as if nothing had run yet
         (repo / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / f, repo / f)
@@ -54,7 +55,10 @@ def tiny_repo_copy(root: Path) -> Path:
                         "studies.convmixer.seeds": [0], "studies.pseudo_input.seeds": [0],
                         "studies.heads_width.seeds": [0],
                         "studies.heads_width.shapes": ["h6"],
-                        "studies.heads_width.inits": ["trunc_normal", "impulse3"]})
+                        "studies.heads_width.inits": ["trunc_normal", "impulse3"],
+                        # a fraction of the main grid's 300 images that holds a batch of 64
+                        "studies.data_size.fractions": [0.5], "studies.data_size.seeds": [0],
+                        "studies.data_size.inits": ["trunc_normal", "impulse3"]})
     sh(repo, "git", "init", "-q")
     sh(repo, "git", "add", "-A")
     sh(repo, "git", "commit", "-qm", "tiny")
@@ -74,7 +78,9 @@ def test_repro_builds_reports_and_leaves_git_clean(tiny_repo):
     table = (repo / "reports/main_table.md").read_text()
     for row in ("Trunc Normal", "Imp.-3 (ours)", "Imp.-5"):
         assert row in table
-    assert "Mimetic" not in table and "Kaiming" not in table       # only the grid's rows
+    ours, paper = table.split("## The paper's numbers")
+    assert "Mimetic" not in ours and "Kaiming" not in ours         # only the grid's rows
+    assert "| Mimetic " in paper and "ImageNet-1K" in paper         # the paper's, always in view
     assert "seeds [0, 1] (n = 2); training images per dataset: 300" in table
     assert "digits: the paper's recipe, departing in: epochs 3 (paper 200)" in table
     assert "## Conclusions" in table and "at n = 2" in table
@@ -100,10 +106,16 @@ def test_repro_builds_reports_and_leaves_git_clean(tiny_repo):
     summary = json.loads((repo / "reports/summary.json").read_text())
     assert summary["digits"]["ours"]["init"] == "impulse3"
     assert 0 < summary["digits"]["trunc_normal"]["acc"] <= 100
-    curves = (repo / "reports/curves.csv").read_text()
-    assert curves.count("\n") == 1 + 3 * 2 * 2                  # 3 cells x 2 seeds, evaluated at epochs 2, 3
-    assert "digits-impulse3-1," in curves
-    assert sorted({line.split(",")[1] for line in curves.split("\n")[1:] if line}) == ["2", "3"]
+    # the curves stage: every seed's curves from the cells just trained, nothing retrained
+    run = sh(repo, "dvc", "repro", "curves")
+    assert "Running stage 'curves'" in run.stdout and "Running stage 'train_" not in run.stdout
+    curves = (repo / "reports/curves.csv").read_text().split("\n")
+    assert curves[0] == "dataset,init,seed,epoch,train_acc,train_loss,test_acc,test_loss"
+    rows = [line.split(",") for line in curves[1:] if line]
+    assert len(rows) == 3 * 2 * 3                                # 3 cells x 2 seeds x 3 epochs
+    assert ["digits", "impulse3", "1", "3"] in [r[:4] for r in rows]
+    assert sorted({r[3] for r in rows if r[6]}) == ["2", "3"]   # test accuracy: evaluated epochs only
+    assert (repo / "reports/figures/curves/digits.png").read_bytes().startswith(b"\x89PNG")
     # outputs DVC caches are git-ignored; what remains is what a user commits
     status = sh(repo, "git", "status", "--porcelain", "--untracked-files=all").stdout.split("\n")
     untracked = sorted(line[3:] for line in status if line.startswith("??"))
@@ -132,6 +144,23 @@ def test_study_stages_build_their_tables_reusing_main_cells(tiny_repo):
     for name in ("convmixer_filters", "heads_width"):
         assert "| digits" in (repo / f"reports/{name}.md").read_text()
     assert "recipe" in (repo / "reports/heads_width.md").read_text()
+    # data size: 150 of the main grid's 300 images, at the main grid's 3 x 4 = 12 optimizer steps
+    assert r.stdout.count("Running stage 'study_data_size@") == 2        # 0.5 x 2 inits
+    size = (repo / "reports/data_size.md").read_text()
+    assert "Steps held: digits 150 images (50 %): 6 epochs × 2 = 12 steps; digits 300 images (100 %): " \
+           "3 epochs × 4 = 12 steps" in size
+    assert (repo / "reports/figures/data_size/digits.png").exists()
+    # attention: every main-grid cell analysed (depth 1: one block), the report and its figures
+    assert r.stdout.count("Running stage 'analyze_") == 3 and "Running stage 'train_" not in r.stdout
+    attention = (repo / "reports/attention.md").read_text()
+    assert "| Imp.-3 " in attention and "| Trunc Normal " in attention and "CKA" in attention
+    figures = sorted(p.name for p in (repo / "reports/figures/attention").iterdir())
+    assert figures == ["attention_images_digits.png", "attention_pseudo_digits.png", "cka_digits.png",
+                       "impulse_kernels_digits.png", "mean_distance_digits.png"]
+    index = (repo / "reports/README.md").read_text()       # every table and figure, linked
+    for name in ["main_table.md", "attention.md", "data_size.md", "figures/curves/digits.png",
+                 "figures/data_size/digits.png"] + [f"figures/attention/{f}" for f in figures]:
+        assert f"]({name})" in index, name
 
 
 def test_second_repro_does_nothing(tiny_repo):
@@ -143,8 +172,10 @@ def test_second_repro_does_nothing(tiny_repo):
 
 def test_plots_render(tiny_repo):
     repo, _ = tiny_repo
-    out = sh(repo, "dvc", "plots", "show", "--json")
-    assert "test accuracy per cell" in out.stdout and "error" not in out.stdout.lower()
+    sh(repo, "dvc", "repro", "curves")                      # a no-op where an earlier test ran it
+    shown = json.loads(sh(repo, "dvc", "plots", "show", "--json").stdout)
+    assert set(shown) == {"data"}, shown.get("errors")           # an "errors" key if any failed
+    assert set(shown["data"]) == {"test accuracy (%)", "train accuracy (%)", "test loss", "train loss"}
 
 
 def test_one_cell_and_kernel_experiment_and_metrics_diff(tiny_repo):
@@ -188,7 +219,7 @@ def test_what_a_change_of_grid_seeds_reruns(tiny_repo):
         set_params(repo, **{"grid.seeds": [0, 1]})
     ran = {line.split("'")[1].split("@")[0] for line in dry.split("\n") if "Running stage" in line}
     assert ran == {"check_params", "preoptimize", "reference_solve", "train_baseline", "train_impulse",
-                   "aggregate"}, ran
+                   "aggregate", "curves"}, ran
 
 
 def test_shrunk_grid_leaves_no_stale_rows(tiny_repo):

@@ -1,0 +1,175 @@
+"""The data-size study: optimizer steps held across training-set sizes, each size's subset,
+and its report (table, conclusions, figure) from synthetic cells."""
+import copy
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from stages.common import load_params
+from stages.study_report import data_size
+from stages.train import data_size_cell
+from structinit import stats, stratified_subset
+from structinit.datasets import TRAIN_IMAGES
+from structinit.steps import match_steps, steps_per_epoch, subset_size, total_steps
+
+REPO = Path(__file__).resolve().parents[1]
+DIGITS = load_params(REPO / "params.yaml")["recipes"]["digits"]["train"]
+
+
+def _trainer_warmup_steps(train, n):
+    """structinit/train.py's count of warm-up steps."""
+    return round(train["warmup_epochs"] * steps_per_epoch(n, train["batch_size"]))
+
+
+@pytest.mark.parametrize("n, per_epoch, epochs, warmup, eval_every", [
+    (144, 2, 220, 11, 55),         # 10 % of digits
+    (359, 5, 88, 4.4, 22),         # 25 %
+    (1437, 22, 20, 1, 5),          # all: the recipe unchanged
+])
+def test_digits_subsets_train_the_main_grids_440_steps(n, per_epoch, epochs, warmup, eval_every):
+    assert (DIGITS["epochs"], DIGITS["batch_size"], DIGITS["warmup_epochs"], DIGITS["eval_every"]) == (20, 64, 1, 5)
+    m = match_steps(DIGITS, 1437, n)
+    assert steps_per_epoch(n, 64) == per_epoch
+    assert (m["epochs"], m["warmup_epochs"], m["eval_every"]) == (epochs, warmup, eval_every)
+    assert total_steps(m, n) == total_steps(DIGITS, 1437) == 440
+    assert _trainer_warmup_steps(m, n) == 22                       # the main grid's warm-up, in steps
+    assert {k: v for k, v in m.items() if k not in ("epochs", "warmup_epochs", "eval_every")} == \
+        {k: v for k, v in DIGITS.items() if k not in ("epochs", "warmup_epochs", "eval_every")}
+
+
+def test_steps_round_to_the_nearest_whole_epoch():
+    train = {"epochs": 20, "batch_size": 64, "warmup_epochs": 1, "eval_every": 1}
+    # reference: 1000 images -> 15 steps/epoch, 300 steps; 450 images -> 7 steps/epoch
+    m = match_steps(train, 1000, 450)
+    assert m["epochs"] == 43 and total_steps(m, 450) == 301               # 300 / 7 = 42.9
+    assert abs(total_steps(m, 450) - 300) <= steps_per_epoch(450, 64) / 2
+    assert _trainer_warmup_steps(m, 450) == 15 and m["eval_every"] == 2   # 15 steps / 7, rounded
+    # a subset of exactly one batch: one step per epoch
+    m = match_steps(train, 1000, 64)
+    assert (m["epochs"], m["warmup_epochs"], m["eval_every"]) == (300, 15, 15)
+    # a warm-up over the whole reference run stays within the subset's epochs
+    whole = dict(train, warmup_epochs=20)
+    m = match_steps(whole, 1000, 450)
+    assert m["warmup_epochs"] <= m["epochs"]
+
+
+def test_a_subset_smaller_than_one_batch_is_refused():
+    with pytest.raises(ValueError, match=r"n_subset=50: fewer images than one batch \(64\); allowed: 64..1437"):
+        match_steps(DIGITS, 1437, 50)
+    with pytest.raises(ValueError, match="n_subset=2000: more images than the reference"):
+        match_steps(DIGITS, 1437, 2000)
+
+
+def test_subset_size_is_stratified_subsets_count(digits):
+    assert len(digits.train_labels) == TRAIN_IMAGES["digits"]
+    for size in (None, 1.0, 0.1, 0.25, 1 / 3, 500):
+        assert subset_size(1437, size) == len(stratified_subset(digits.train_labels, size, seed=0)), size
+
+
+def test_a_cell_draws_its_subset_within_the_main_grids_and_logs_its_steps(digits):
+    labels = digits.train_labels
+    main = stratified_subset(labels, 300, seed=0)                         # data.train_size: 300
+    a = SimpleNamespace(train_fraction=0.5, match_steps=True)
+    subset, train, logged = data_size_cell(a, DIGITS, main, labels, 0)
+    assert len(subset) == 150 and set(subset.tolist()) <= set(main.tolist())
+    assert torch.bincount(labels[subset], minlength=10).min() >= 14      # still stratified
+    assert logged == {"train_fraction": 0.5, "main_grid_train_images": 300, "match_steps": True,
+                      "steps_per_epoch": 2, "steps": 80, "main_grid_steps": 80}
+    assert train["epochs"] == 40
+    # by default (all images) the cell's subset is data.train_size = the fraction itself
+    subset, _, _ = data_size_cell(SimpleNamespace(train_fraction=0.1, match_steps=False), DIGITS,
+                                  torch.arange(len(labels)), labels, 0)
+    assert torch.equal(subset, stratified_subset(labels, 0.1, seed=0))
+    with pytest.raises(SystemExit, match="--train-fraction 0.1: n_subset=30: fewer images than one batch"):
+        data_size_cell(SimpleNamespace(train_fraction=0.1, match_steps=True), DIGITS, main, labels, 0)
+
+
+# --- statistics: does a gap change? ---------------------------------------------------------
+
+def test_difference_of_differences_matches_a_hand_computation():
+    a1, b1, a0, b0 = [50, 54, 52], [15, 16, 14], [30, 33, 27], [15, 14, 16]
+    v = [np.var(g, ddof=1) / 3 for g in (a1, b1, a0, b0)]
+    t = ((52 - 15) - (30 - 15)) / np.sqrt(sum(v))
+    dof = sum(v) ** 2 / sum(x ** 2 / 2 for x in v)
+    from scipy import stats as sps
+    assert stats.difference_of_differences_p(a1, b1, a0, b0) == pytest.approx(2 * sps.t.sf(t, dof))
+    assert np.isnan(stats.difference_of_differences_p([1], b1, a0, b0))
+
+
+def test_gap_changes_claim_only_what_the_test_supports():
+    groups = {("trunc_normal", "all"): [15, 16, 14], ("trunc_normal", "10 %"): [15, 14, 16],
+              ("impulse3", "all"): [30, 33, 27], ("impulse3", "10 %"): [50, 54, 52],
+              ("mimetic", "all"): [90, 91, 92], ("mimetic", "10 %"): [88, 93, 90]}
+    changes = stats.compare_gap_changes(groups, reference="trunc_normal", base="all", family="digits")
+    assert [(c.a, c.other, c.verdict) for c in changes] == [("impulse3", "10 %", ">"), ("mimetic", "10 %", "~")]
+    lines = stats.gap_change_lines(changes)
+    assert lines[0].startswith("- digits, impulse3 − trunc_normal: +15.00 points at all; +37.00 at 10 %: **larger** by 22.00")
+    assert lines[0].endswith("The gap is larger at 10 % than at all.")
+    assert "change not distinguishable from 0" in lines[1] and "No change of the gap" in lines[1]
+
+
+# --- the report, from synthetic cells -------------------------------------------------------
+
+ACC = {"trunc_normal": {1.0: 15, 0.25: 15, 0.1: 15}, "mimetic": {1.0: 92, 0.25: 85, 0.1: 75},
+       "impulse3": {1.0: 30, 0.25: 40, 0.1: 55}}
+
+
+def _fake_run(folder: Path, acc: float, images: int, epochs: int, train: dict):
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps({"final_test_acc": acc / 100, "best_test_acc": acc / 100,
+                                                     "step": epochs - 1}))
+    (folder / "plots/metrics/test").mkdir(parents=True)
+    (folder / "plots/metrics/test/acc.tsv").write_text(f"step\tacc\n{epochs - 1}\t{acc / 100}\n")
+    (folder / "params.yaml").write_text(yaml.safe_dump({"train_images": images, **train}))
+
+
+def _fake_study(root: Path, params: dict, skip=None):
+    s = params["studies"]["data_size"]
+    for init in s["inits"]:
+        for f in [1.0] + s["fractions"]:
+            images = subset_size(1437, f)
+            train = DIGITS if f == 1.0 else match_steps(DIGITS, 1437, images)
+            cell = root / ("train" / Path(f"digits-{init}") if f == 1.0 else f"studies/data_size/digits-{f}-{init}")
+            for seed in s["seeds"]:
+                if (cell.name, seed) != skip:
+                    _fake_run(cell / f"seed{seed}", ACC[init][f] + seed - 1, images, train["epochs"], train)
+
+
+@pytest.fixture
+def params():
+    p = copy.deepcopy(load_params(REPO / "params.yaml"))
+    p["studies"]["data_size"].update(fractions=[0.1, 0.25], inits=["trunc_normal", "mimetic", "impulse3"],
+                                     seeds=[0, 1, 2])
+    return p
+
+
+def test_report_states_sizes_steps_and_only_supported_conclusions(tmp_path, params):
+    _fake_study(tmp_path, params)
+    text = data_size(params, tmp_path / "train", tmp_path / "studies", tmp_path / "reports/data_size.md",
+                     tmp_path / "reports/figures/data_size")
+    assert "Steps held: digits 144 images (10 %): 220 epochs × 2 = 440 steps; digits 359 images (25 %): " \
+           "88 epochs × 5 = 440 steps; digits 1,437 images (100 %): 20 epochs × 22 = 440 steps" in text
+    row = [line for line in text.splitlines() if "| Imp.-3" in line and "| 144 images (10 %)" in line]
+    assert len(row) == 1 and "| 55.00 ± 1.00 " in row[0] and "| 3 " in row[0]
+    assert "- digits, 144 (10 %): **Mimetic > Trunc Normal** by 60.00 points" in text
+    assert "- digits, 1,437 (100 %): **Mimetic > Imp.-3** by 62.00 points" in text
+    gap = next(line for line in text.splitlines() if line.startswith("- digits, Imp.-3 − Trunc Normal"))
+    assert "+15.00 points at 1,437 images (100 %)" in gap and "+40.00 at 144 images (10 %): **larger** by 25.00" in gap
+    assert gap.endswith("The gap is larger at 359 images (25 %), 144 images (10 %) than at 1,437 images (100 %).")
+    mimetic = next(line for line in text.splitlines() if line.startswith("- digits, Mimetic − Trunc Normal"))
+    assert "**smaller** by 17.00" in mimetic                           # 77 -> 60 points at 10 %
+    assert "The paper has no data-size study" in text and "ImageNet-1K (1,281,167 images) +0.82" in text
+    assert "![digits: accuracy vs training-set size](figures/data_size/digits.png)" in text
+    png = tmp_path / "reports/figures/data_size/digits.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_fails_naming_a_missing_run(tmp_path, params):
+    _fake_study(tmp_path, params, skip=("digits-0.25-impulse3", 1))
+    with pytest.raises(SystemExit, match=r"missing results for 1 run\(s\).*digits-0.25-impulse3/seed1"):
+        data_size(params, tmp_path / "train", tmp_path / "studies", tmp_path / "out.md", tmp_path / "figs")
