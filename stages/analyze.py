@@ -8,6 +8,8 @@ preoptimize artifact the training stage used); the trained weights are the train
         --solutions artifacts/preopt/digits-3 --images 512 --out artifacts/analysis/digits-impulse3
 """
 import argparse
+import json
+from pathlib import Path
 
 import torch
 
@@ -15,7 +17,8 @@ from stages.common import load_params, recipe, run_stage, seed_dir, seeds_at
 from structinit.analysis import analyze_model, test_batch
 from structinit.config import METHODS
 from structinit.data import ImageData
-from structinit.io import load_torch, save_checked
+from structinit.errors import StructinitError
+from structinit.io import MissingFileError, load_torch, save_checked, without_timings
 from structinit.numerics import use_pinned_threads
 from structinit.pipeline import initialized_vit, load_impulse_solution
 
@@ -28,6 +31,8 @@ def parse_args():
     ap.add_argument("--data", required=True, help="prepared dataset (download stage)")
     ap.add_argument("--models", required=True, help="the training stage's folder of seed<s>.pt")
     ap.add_argument("--solutions", help="impulse<k>: its preoptimize folder (seed<s>.pt)")
+    ap.add_argument("--init-records", required=True,
+                    help="the training stage's results folder: each seed's init.json must match the rebuild")
     ap.add_argument("--images", type=int, default=512, help="first N test images (default 512)")
     ap.add_argument("--out", required=True, help="folder of seed<s>.pt analyses")
     a = ap.parse_args()
@@ -39,6 +44,20 @@ def parse_args():
     if a.images < 2:
         ap.error(f"--images {a.images}: need at least 2 test images")
     return a, base
+
+
+def check_same_init(path: Path, rebuilt: dict) -> None:
+    """The model rebuilt here must be the one the training stage started from: its record (init,
+    seed, options, offsets) equals the training stage's init.json, or the analysis would
+    describe another model."""
+    if not path.exists():
+        raise MissingFileError(f"{path} does not exist: train the cell first (dvc repro)")
+    trained = json.loads(path.read_text())
+    rebuilt = json.loads(json.dumps(without_timings(rebuilt), default=str))
+    if trained != rebuilt:
+        diff = sorted(k for k in set(trained) | set(rebuilt) if trained.get(k) != rebuilt.get(k))
+        raise StructinitError(f"{path}: the model rebuilt at init differs from the one trained in {diff}; "
+                              "re-run the cell's training stage (dvc repro)")
 
 
 def main():
@@ -58,7 +77,9 @@ def main():
                 seed_dir(a.solutions, seed).with_suffix(".pt"),
                 f"a pre-optimization artifact: re-create it with dvc repro -f preoptimize@{a.dataset}-"
                 f"{a.init.removeprefix('impulse')}")
-        model, _ = initialized_vit(model_cfg, data.spec, base, seed, **options)
+        model, record = initialized_vit(model_cfg, data.spec, base, seed, **options)
+        check_same_init(seed_dir(a.init_records, seed) / "init.json",
+                        {"model": "vit", **model_cfg, **record.to_dict()})
         model.to(device)
         at_init = analyze_model(model, images)
         weights = seed_dir(a.models, seed).with_suffix(".pt")

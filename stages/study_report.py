@@ -18,6 +18,7 @@ import yaml
 from stages.common import load_params, read_cell, recipe, run_stage, seed_dir, write_text
 from structinit import report, stats
 from structinit.config import FILTER_MODES, pseudo_variant
+from structinit.datasets import get_spec
 from structinit.steps import steps_per_epoch
 
 STUDIES = ("convmixer", "pseudo_input", "heads_width", "data_size")
@@ -192,7 +193,22 @@ def _gap_block(cells, s, condition) -> str:
             "the same difference on the main grid's set (difference of differences: t-test with "
             "Welch-Satterthwaite degrees of freedom, Holm-corrected over the dataset's tests); a "
             "change is stated only when the corrected p < 0.05.\n\n"
-            + "\n".join(stats.gap_change_lines(changes, report.label, condition)) + "\n")
+            + "\n".join(stats.gap_change_lines(changes, report.label, condition)) + "\n"
+            + _near_chance_note(cells))
+
+
+def _near_chance_note(cells) -> str:
+    """A generated caveat when the reference of the gaps never left chance: its 'gap' is then the
+    other initializer's accuracy, not a difference between two trained models."""
+    notes = []
+    for d, rows in cells[cells.init == "trunc_normal"].groupby("dataset", sort=False):
+        chance = 100 / get_spec(d).num_classes
+        top = rows.groupby("size", sort=False).acc.mean().max()
+        if top < 2 * chance:
+            notes.append(f"{d}: Trunc Normal stays near chance at every size (at most {top:.1f} % "
+                         f"against {chance:.0f} % chance), so a gap to it is mostly the other "
+                         "initializer's own accuracy")
+    return ("\nCaveat, generated: " + "; ".join(notes) + ".\n") if notes else ""
 
 
 def main():

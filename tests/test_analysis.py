@@ -2,6 +2,7 @@
 import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -142,3 +143,58 @@ def test_uniform_distance_matches_a_uniform_map_and_figures_are_byte_stable(digi
         digests.add((tmp_path / f"k{i}.png").read_bytes())
     assert len(digests) == 1 and next(iter(digests))[:8] == b"\x89PNG\r\n\x1a\n"
     assert fig.shown_blocks(12) == [0, 6, 11] and fig.shown_blocks(1) == [0]
+
+
+def _fake_analysis(reps: torch.Tensor, distance: float, mass=None) -> "object":
+    from structinit.analysis import ModelAnalysis
+
+    L, H = reps.shape[0], 2
+    prof = torch.zeros(L, H, 3, 3)
+    return ModelAnalysis(prof, prof, torch.full((L, H), distance), torch.full((L, H), distance),
+                         None if mass is None else torch.full((L, H), mass[0]),
+                         None if mass is None else torch.full((L, H), mass[1]),
+                         None, reps)
+
+
+def test_attention_summary_cka_pairs_distances_and_the_untrained_caveat():
+    """CKA between initializers is per pair of *layers* (L x L), same seed, mean over seeds; a
+    model whose blocks kept their representation through training is flagged; distances are
+    per seed and block, mean over heads."""
+    from structinit import attention_summary as summary
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 50, 6, generator=g)                       # (L, B, C)
+    other = torch.randn(2, 50, 6, generator=g)
+    runs = {}
+    for s in (0, 1):
+        runs["a", s] = {"at_init": _fake_analysis(x, 4.0), "trained": _fake_analysis(x * 2, 3.0 + s)}
+        runs["b", s] = {"at_init": _fake_analysis(x, 4.0), "trained": _fake_analysis(other, 4.0)}
+    ivt = summary.cka_init_vs_trained(runs, ["a", "b"], [0, 1])
+    assert ivt["a"].shape == (2, 2) and np.allclose(np.diagonal(ivt["a"]), 1.0)
+    assert summary.barely_trained(ivt) == ["a"]                  # b's representation changed
+    between = summary.cka_between_inits(runs, ["a", "b"], [0, 1])
+    assert list(between) == [("a", "b")] and between["a", "b"].shape == (2, 2)
+    assert np.allclose(between["a", "b"], ivt["b"], atol=1e-6)    # a trained = a at init up to scale
+    dist = summary.distances(runs, ["a", "b"], [0, 1])
+    assert dist["a"]["trained", "images"].tolist() == [[3.0, 3.0], [4.0, 4.0]]
+    assert "3.50 (± 0.71)" in summary.distance_table(dist, 4.14)
+    mass = summary.target_mass({("i", 0): {"at_init": _fake_analysis(x, 3.0, (0.2, 0.05)),
+                                           "trained": _fake_analysis(x, 3.0, (0.1, 0.04))}}, ["i"], [0])
+    assert mass["i"]["at_init", "pseudo"] == pytest.approx([0.2]) and mass["i"]["trained", "images"] == pytest.approx([0.04])
+
+
+def test_analyze_refuses_a_rebuild_that_is_not_the_trained_model(tmp_path):
+    """The analysis rebuilds the model at init; if the training stage's init.json says otherwise
+    (another init, seed or offsets), it stops instead of describing another model."""
+    import json
+
+    from stages.analyze import check_same_init
+    from structinit.errors import StructinitError
+
+    record = {"model": "vit", "method": "impulse", "seed": 0, "offsets": [[(0, 1), (1, 0)]], "solve_seconds": 0.3}
+    (tmp_path / "init.json").write_text(json.dumps({k: v for k, v in record.items() if k != "solve_seconds"}))
+    check_same_init(tmp_path / "init.json", record)                  # timings aside, the same
+    with pytest.raises(StructinitError, match=r"differs from the one trained in \['offsets', 'seed'\]"):
+        check_same_init(tmp_path / "init.json", {**record, "seed": 1, "offsets": [[(1, 1), (1, 0)]]})
+    with pytest.raises(StructinitError, match="train the cell first"):
+        check_same_init(tmp_path / "missing.json", record)

@@ -173,3 +173,18 @@ def test_report_fails_naming_a_missing_run(tmp_path, params):
     _fake_study(tmp_path, params, skip=("digits-0.25-impulse3", 1))
     with pytest.raises(SystemExit, match=r"missing results for 1 run\(s\).*digits-0.25-impulse3/seed1"):
         data_size(params, tmp_path / "train", tmp_path / "studies", tmp_path / "out.md", tmp_path / "figs")
+
+
+def test_near_chance_reference_gets_a_generated_caveat():
+    """A gap to an initializer that never left chance is that other initializer's accuracy: the
+    report says so, and says nothing when the reference trained."""
+    import pandas as pd
+
+    from stages.study_report import _near_chance_note
+
+    stuck = pd.DataFrame({"dataset": ["digits"] * 4, "init": ["trunc_normal"] * 2 + ["mimetic"] * 2,
+                          "size": ["144 (10 %)", "1,437 (100 %)"] * 2, "acc": [15.0, 12.0, 80.0, 90.0]})
+    assert "digits: Trunc Normal stays near chance at every size (at most 15.0 % against 10 % chance)" \
+        in _near_chance_note(stuck)
+    trained = stuck.assign(acc=[60.0, 70.0, 80.0, 90.0])
+    assert _near_chance_note(trained) == ""

@@ -155,7 +155,8 @@ def test_study_stages_build_their_tables_reusing_main_cells(tiny_repo):
     attention = (repo / "reports/attention.md").read_text()
     assert "| Imp.-3 " in attention and "| Trunc Normal " in attention and "CKA" in attention
     figures = sorted(p.name for p in (repo / "reports/figures/attention").iterdir())
-    assert figures == ["attention_images_digits.png", "attention_pseudo_digits.png", "cka_digits.png",
+    assert figures == ["attention_images_digits.png", "attention_pseudo_digits.png",
+                       "cka_between_inits_digits.png", "cka_init_vs_trained_digits.png",
                        "impulse_kernels_digits.png", "mean_distance_digits.png"]
     index = (repo / "reports/README.md").read_text()       # every table and figure, linked
     for name in ["main_table.md", "attention.md", "data_size.md", "figures/curves/digits.png",

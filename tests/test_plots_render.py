@@ -77,7 +77,8 @@ class Drawn:
     """What the browser drew in one plot's div."""
     status: str | None = None                       # data-embed: drawn / error / pending
     svgs: int = 0
-    lines: dict[str, int] = field(default_factory=dict)   # line label -> points on its path
+    lines: list[tuple[str, int]] = field(default_factory=list)   # (line label, points on its path),
+                                                   # a list: facets (datasets) repeat labels
     bands: int = 0                                  # area paths (the ±1 std bands)
     errors: list[str] = field(default_factory=list)
 
@@ -107,7 +108,7 @@ class _PlotReader(HTMLParser):
             elif tag == "path" and "mark-line" in marks and d:
                 label = a.get("aria-label", "")
                 name = re.search(r"initializer \(seeds\): ([^;]+)", label)
-                self.plot.lines[name.group(1) if name else label] = len(re.findall(r"[ML]", d))
+                self.plot.lines.append((name.group(1) if name else label, len(re.findall(r"[ML]", d))))
             elif tag == "path" and "mark-area" in marks and d:
                 self.plot.bands += 1
             elif tag == "pre" and "embed-error" in a.get("class", ""):
@@ -172,22 +173,26 @@ def render(chromium: str, repo: Path, out: Path, js_files: list[Path] = VEGA_JS)
     return reader.plots
 
 
-def problems(drawn: Drawn, expected_lines: dict[str, int]) -> list[str]:
+def problems(drawn: Drawn, expected_lines) -> list[str]:
     """Why a plot is not what the data says it must be (empty: drawn right). expected_lines:
-    line label (`<init> (n = <seeds>)`) -> points (epochs with a value)."""
+    (line label `<init> (n = <seeds>)`, points = epochs with a value) pairs, one per dataset and
+    init (or a dict label -> points)."""
     found = []
+    if isinstance(expected_lines, dict):
+        expected_lines = list(expected_lines.items())
+    expected_lines = sorted(expected_lines)
     if drawn.status != "drawn" or drawn.errors:
         found.append(f"embed {drawn.status}: {drawn.errors}")
     if drawn.svgs < 1:
         found.append("no <svg>")
-    if drawn.lines != expected_lines:
+    if sorted(drawn.lines) != expected_lines:
         found.append(f"lines {drawn.lines}, expected {expected_lines}")
     if drawn.bands != len(expected_lines):
         found.append(f"{drawn.bands} bands, expected one per line ({len(expected_lines)})")
     return found
 
 
-def expected_lines(csv_path: Path, metric: str) -> dict[str, int]:
+def expected_lines(csv_path: Path, metric: str) -> list[tuple[str, int]]:
     """From the CSV: one line per (dataset, init), named as the template labels it, with one
     point per epoch where some seed has a value (the test metrics: evaluated epochs only)."""
     epochs, seeds = {}, {}
@@ -197,7 +202,7 @@ def expected_lines(csv_path: Path, metric: str) -> dict[str, int]:
             if row[metric] != "":
                 epochs.setdefault(key, set()).add(row["epoch"])
                 seeds.setdefault(key, set()).add(row["seed"])
-    return {f"{init} (n = {len(seeds[d, init])})": len(e) for (d, init), e in epochs.items()}
+    return sorted((f"{init} (n = {len(seeds[d, init])})", len(e)) for (d, init), e in epochs.items())
 
 
 def plot_repo(root: Path, plots: list, curves_csv: str, templates: dict[str, str]) -> Path:
@@ -234,8 +239,8 @@ def test_dvc_plots_show_draws_every_curve(chromium, tmp_path):
     failures = {div: found for div, y in ys.items()
                 if (found := problems(drawn[div], expected_lines(REPO / "reports/curves.csv", y)))}
     assert not failures, failures
-    test_points = {n for div, y in ys.items() if y.startswith("test") for n in drawn[div].lines.values()}
-    train_points = {n for div, y in ys.items() if y.startswith("train") for n in drawn[div].lines.values()}
+    test_points = {n for div, y in ys.items() if y.startswith("test") for _, n in drawn[div].lines}
+    train_points = {n for div, y in ys.items() if y.startswith("train") for _, n in drawn[div].lines}
     assert max(test_points) < min(train_points)       # test curves: evaluated epochs only
 
 
@@ -269,7 +274,7 @@ def test_a_plot_not_drawn_is_caught(chromium, tmp_path):
     broken = problems(drawn["train_loss"], {k: 3 for k in two})
     assert broken and broken[0].startswith("embed error") and drawn["train_loss"].errors  # its message kept
     empty = problems(drawn["empty"], two)
-    assert any(p.startswith("lines {}") for p in empty) and drawn["empty"].status == "drawn"
+    assert any(p.startswith("lines []") for p in empty) and drawn["empty"].status == "drawn"
 
     # no vega at all (a bad path in the template): nothing drawn, and the checks say so
     out = tmp_path / "out_without_vega"

@@ -30,22 +30,40 @@ def uniform_distance(grid: tuple[int, int]) -> float:
     return float(np.sqrt(((pos[:, None] - pos[None]) ** 2).sum(-1)).mean())
 
 
-def _outline(ax, m, n, radius, color="white"):
-    ax.add_patch(Rectangle((n + radius - 0.5, m + radius - 0.5), 1, 1, fill=False, ec=color, lw=1.2))
+def shown_radius(profile_shape) -> int:
+    """Offsets drawn: |m|, |n| <= half the grid. Farther offsets are averaged over few queries
+    (the one query at a corner for the largest), so their values are noise that would set the
+    colour scale."""
+    return (profile_shape[-2] + 1) // 2 // 2
 
 
-def profile_grid(analyses: dict, source: str, title: str):
+def _outline(ax, m, n, radius, color="lime"):
+    ax.add_patch(Rectangle((n + radius - 0.5, m + radius - 0.5), 1, 1, fill=False, ec=color, lw=0.8))
+
+
+def profile_vmax(analyses: dict) -> float:
+    """One colour scale for both sources (pseudo-input and images), so the two figures compare:
+    the largest drawn value of the first, middle and last blocks."""
+    first = next(iter(analyses.values()))["at_init"]
+    full, r = (first.profile_images.shape[-2] - 1) // 2, shown_radius(first.profile_images.shape)
+    blocks = shown_blocks(first.distance_images.shape[0])
+    return max(float(getattr(a[s], f"profile_{src}")[blocks][..., full - r:full + r + 1, full - r:full + r + 1].max())
+               for a in analyses.values() for s in STATES for src in ("images", "pseudo"))
+
+
+def profile_grid(analyses: dict, source: str, title: str, vmax: float):
     """Rows: initializer x {at init, trained}; columns: first/middle/last block x every head.
     analyses: init -> {"at_init": ModelAnalysis, "trained": ModelAnalysis} (one seed).
-    source: "images" or "pseudo". One colour scale for the whole figure (colour bar), so rows
-    compare directly."""
+    source: "images" or "pseudo". One colour scale (vmax, colour bar) for every panel, and the
+    caller passes the same one to the pseudo-input and the images figures."""
     first = next(iter(analyses.values()))["at_init"]
     depth, heads = first.distance_images.shape
     blocks = shown_blocks(depth)
-    radius = (first.profile_images.shape[-2] - 1) // 2
-    profiles = {(init, s): getattr(a[s], f"profile_{source}").numpy()
+    full = (first.profile_images.shape[-2] - 1) // 2
+    radius = shown_radius(first.profile_images.shape)
+    crop = slice(full - radius, full + radius + 1)
+    profiles = {(init, s): getattr(a[s], f"profile_{source}").numpy()[..., crop, crop]
                 for init, a in analyses.items() for s in STATES}
-    vmax = max(p[blocks].max() for p in profiles.values())
     rows, cols = len(profiles), len(blocks) * heads
     fig, axes = plt.subplots(rows, cols, figsize=(0.95 * cols + 1.6, 0.95 * rows + 0.9), squeeze=False)
     for r, ((init, state), prof) in enumerate(profiles.items()):
@@ -54,7 +72,7 @@ def profile_grid(analyses: dict, source: str, title: str):
             for h in range(heads):
                 ax = axes[r, b_i * heads + h]
                 im = ax.imshow(prof[b, h], cmap="magma", vmin=0, vmax=vmax, interpolation="nearest")
-                ax.plot(radius, radius, "+", color="cyan", ms=4, mew=0.8)
+                ax.plot(radius, radius, "+", color="cyan", ms=5, mew=0.9)
                 if offsets is not None:
                     _outline(ax, *offsets[b][h], radius)
                 ax.set_xticks([])
@@ -88,6 +106,10 @@ def kernel_grids(analyses: dict, kernel_of: dict):
         k = kernel_of[init]
         radius = (a["at_init"].profile_images.shape[-2] - 1) // 2
         lo, hi = radius - k // 2, radius + k // 2 + 1
+        # one colour scale for the band's measured rows, so the drop from the pseudo-input to
+        # real images shows in colour as well as in the numbers
+        band_max = max(float(getattr(a[st], f"profile_{src}")[..., lo:hi, lo:hi].max())
+                       for _, st, src in rows_spec[1:])
         for c in range(cols):
             for r in range(len(rows_spec)):
                 axes[band * len(rows_spec) + r, c].axis("off")
@@ -101,11 +123,11 @@ def kernel_grids(analyses: dict, kernel_of: dict):
                     window[m0 + k // 2, n0 + k // 2] = 1.0
                 else:
                     window = getattr(a[state], f"profile_{source}").numpy()[b, h, lo:hi, lo:hi]
-                ax.imshow(window, cmap="Blues", vmin=0, vmax=max(window.max(), 1e-9))
+                top = 1.0 if state is None else band_max
+                ax.imshow(window, cmap="Blues", vmin=0, vmax=top)
                 for (i, j), v in np.ndenumerate(window):
                     ax.text(j, i, "1" if v >= 0.995 else f"{v:.2f}"[1:], ha="center", va="center",
-                            fontsize=6 if k > 3 else 7,
-                            color="black" if v < 0.6 * window.max() else "white")
+                            fontsize=6 if k > 3 else 7, color="black" if v < 0.6 * top else "white")
                 _outline(ax, m0, n0, k // 2, color="red")
                 ax.set_xticks([])
                 ax.set_yticks([])
@@ -116,7 +138,8 @@ def kernel_grids(analyses: dict, kernel_of: dict):
                                   rotation=0, ha="right", va="center",
                                   color=init_color(init) if r == 0 else "black")
     fig.suptitle("Structured init: each head's k×k window of attention by offset (red: the head's "
-                 "impulse offset; numbers: mean attention, .xx)", fontsize=9)
+                 "impulse offset; numbers: mean attention, .xx;\none colour scale per initializer "
+                 "for the three measured rows)", fontsize=9)
     return fig
 
 
@@ -142,5 +165,5 @@ def distance_plot(distances: dict, uniform: float, depth: int):
     axes[0].set_ylabel("mean attention distance (patches)")
     axes[1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=7)
     fig.suptitle(f"Mean attention distance per block (mean over heads; error bars: std over {n} seeds; "
-                 "dashed = at init, solid = trained)", fontsize=9)
+                 "dashed = at init, solid = trained)", fontsize=9, y=1.03)
     return fig

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..curves import mean_band
-from .style import init_color, init_label, plt, save_figure
+from .style import init_color, init_label, plt, write_per_dataset
 
 # (metric, panel title, y label), row by row: accuracies above, losses below
 PANELS = (("train_acc", "train accuracy", "accuracy (%)"), ("test_acc", "test accuracy", "accuracy (%)"),
@@ -58,11 +58,4 @@ def curves_figure(table: pd.DataFrame, dataset: str):
 def write_curves_figures(table: pd.DataFrame, out_dir: str | Path) -> list[Path]:
     """<out_dir>/<dataset>.png for every dataset of the table; PNGs of datasets no longer in
     it are removed (a shrunk grid leaves no stale figure). Returns the paths written."""
-    out_dir = Path(out_dir)
-    datasets = list(dict.fromkeys(table.dataset))
-    paths = [out_dir / f"{d}.png" for d in datasets]
-    for d, path in zip(datasets, paths):
-        save_figure(curves_figure(table, d), path)
-    for stale in set(out_dir.glob("*.png")) - set(paths):
-        stale.unlink()
-    return paths
+    return write_per_dataset(table, curves_figure, out_dir)

@@ -15,7 +15,7 @@ import pandas as pd
 from ..datasets import DATASETS
 from ..report import size_label
 from ..stats import summarize
-from .style import init_color, init_label, plt, save_figure
+from .style import init_color, init_label, plt, write_per_dataset
 
 # Each initializer's points are shifted by this factor per position (log x), so that error
 # bars at the same size do not hide one another; its seeds' dots sit just right of its bar.
@@ -68,11 +68,4 @@ def data_size_figure(cells: pd.DataFrame, dataset: str):
 def write_data_size_figures(cells: pd.DataFrame, out_dir: str | Path) -> list[Path]:
     """<out_dir>/<dataset>.png for every dataset of the cells; PNGs of datasets no longer in
     them are removed (a shrunk study leaves no stale figure). Returns the paths written."""
-    out_dir = Path(out_dir)
-    datasets = list(dict.fromkeys(cells.dataset))
-    paths = [out_dir / f"{d}.png" for d in datasets]
-    for d, path in zip(datasets, paths):
-        save_figure(data_size_figure(cells, d), path)
-    for stale in set(out_dir.glob("*.png")) - set(paths):
-        stale.unlink()
-    return paths
+    return write_per_dataset(cells, data_size_figure, out_dir)

@@ -41,3 +41,17 @@ def save_figure(fig, path: str | Path) -> None:
     write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", metadata={"Software": None},
                                                bbox_inches="tight"))
     plt.close(fig)
+
+
+def write_per_dataset(frame, draw, out_dir: str | Path) -> list[Path]:
+    """<out_dir>/<dataset>.png = draw(frame, dataset) for every dataset of the frame (in order);
+    PNGs of datasets no longer in it are removed (a shrunk grid leaves no stale figure).
+    Returns the paths written."""
+    out_dir = Path(out_dir)
+    datasets = list(dict.fromkeys(frame.dataset))
+    paths = [out_dir / f"{d}.png" for d in datasets]
+    for d, path in zip(datasets, paths):
+        save_figure(draw(frame, d), path)
+    for stale in set(out_dir.glob("*.png")) - set(paths):
+        stale.unlink()
+    return paths
