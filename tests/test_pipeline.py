@@ -229,3 +229,25 @@ def test_shrunk_grid_leaves_no_stale_rows(tiny_repo):
     sh(repo, "dvc", "exp", "run", "-S", "grid.kernels=[3]", "-S", "init.kernel=3")
     table = (repo / "reports/main_table.md").read_text().split("## The paper's numbers")[0]
     assert "Imp.-3" in table and "Imp.-5" not in table
+
+
+def test_a_dvc_remote_shares_every_trained_cell(tiny_repo, tmp_path):
+    """Issue 14's shared cache: one machine pushes its DVC cache (datasets, pre-optimization
+    artifacts, trained models, analyses) to a remote, here a local directory; a fresh clone
+    pulls it and `dvc repro` has nothing to do: no stage re-runs, nothing retrained."""
+    repo, _ = tiny_repo
+    sh(repo, "dvc", "repro")                                 # whatever the tests above left stale
+    sh(repo, "dvc", "remote", "add", "-d", "shared", str(tmp_path / "remote"))
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "commit", "-qm", "results and the shared remote")
+    pushed = sh(repo, "dvc", "push").stdout
+    assert "pushed" in pushed, pushed
+    clone = tmp_path / "clone"
+    sh(tmp_path, "git", "clone", "-q", str(repo), str(clone))
+    assert not (clone / "models").exists() or not any((clone / "models").rglob("*.pt"))
+    sh(clone, "dvc", "pull")
+    assert sorted(p.name for p in (clone / "models/digits-impulse3").iterdir()) == ["seed0.pt", "seed1.pt"]
+    assert "Data and pipelines are up to date" in sh(clone, "dvc", "status").stdout
+    again = sh(clone, "dvc", "repro").stdout
+    assert "Running stage" not in again, again
+    assert sh(clone, "git", "status", "--porcelain").stdout == ""
