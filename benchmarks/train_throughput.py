@@ -36,7 +36,7 @@ from torchvision import transforms
 
 import structinit as si
 from structinit.pipeline import build_model
-from structinit.train import _autocast, evaluate, BatchPipeline, lr_at, param_groups
+from structinit.train import autocast, evaluate, BatchPipeline, lr_at, param_groups
 
 
 class PILDataset(torch.utils.data.Dataset):
@@ -54,7 +54,7 @@ class PILDataset(torch.utils.data.Dataset):
 
 def eager_step(model, opt, x, y, cfg, device) -> torch.Tensor:
     """One textbook training step of an eager module: forward, loss, backward, clip, AdamW."""
-    with _autocast(cfg, device):
+    with autocast(cfg, device):
         logits = model(x)
     loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
     opt.zero_grad(set_to_none=True)

@@ -17,8 +17,10 @@ from stages.common import load_params, recipe, run_stage, seed_dir, seeds_at
 from structinit.analysis import analyze_model, test_batch
 from structinit.config import METHODS
 from structinit.data import ImageData
+from structinit.datasets import STREAMED, get_spec
+from structinit.imagenet import check_root_matches, evaluation_images
 from structinit.errors import StructinitError
-from structinit.io import MissingFileError, load_torch, save_checked, without_timings
+from structinit.io import MissingFileError, load_checked, load_torch, save_checked, without_timings
 from structinit.numerics import use_pinned_threads
 from structinit.pipeline import initialized_vit, load_impulse_solution
 
@@ -65,11 +67,16 @@ def main():
     params = load_params()
     model_cfg = recipe(params, a.dataset)["model"]
     seeds = seeds_at(params, a.seeds_from)
-    data = ImageData.load(a.data)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
         use_pinned_threads()                 # same bytes on every x86-64 CPU (numerics.py)
-    images = test_batch(data, a.images).to(device)
+    if a.dataset in STREAMED:
+        manifest = load_checked(a.data, f"a dataset manifest: re-create it with dvc repro -f download@{a.dataset}")
+        root = check_root_matches(params["local_datasets"][a.dataset], manifest)
+        spec, images = get_spec(a.dataset), evaluation_images(root, manifest, a.images).to(device)
+    else:
+        data = ImageData.load(a.data)
+        spec, images = data.spec, test_batch(data, a.images).to(device)
     for seed in seeds:
         options = {}
         if base == "impulse":
@@ -77,7 +84,7 @@ def main():
                 seed_dir(a.solutions, seed).with_suffix(".pt"),
                 f"a pre-optimization artifact: re-create it with dvc repro -f preoptimize@{a.dataset}-"
                 f"{a.init.removeprefix('impulse')}")
-        model, record = initialized_vit(model_cfg, data.spec, base, seed, **options)
+        model, record = initialized_vit(model_cfg, spec, base, seed, **options)
         check_same_init(seed_dir(a.init_records, seed) / "init.json",
                         {"model": "vit", **model_cfg, **record.to_dict()})
         model.to(device)

@@ -1,8 +1,12 @@
-"""download@<dataset>: fetch (checksum-verified) and convert one dataset to uint8 tensors."""
+"""download@<dataset>: fetch (checksum-verified) and convert one dataset to uint8 tensors, or,
+for a dataset read from a local directory (ImageNet), check that directory and list it."""
 import argparse
 
-from stages.common import run_stage
+from stages.common import load_params, run_stage
 from structinit.data import prepare_dataset
+from structinit.datasets import STREAMED, get_spec
+from structinit.imagenet import scan_imagenet
+from structinit.io import save_checked
 
 
 def main():
@@ -11,6 +15,16 @@ def main():
     ap.add_argument("--raw", default="data/raw", help="torchvision download cache")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
+    if a.dataset in STREAMED:
+        # The output is the manifest (files, labels, sizes): what the training stages read and
+        # what DVC hashes in place of ~150 GB of images. The path itself is not part of it, so
+        # moving the copy retrains nothing.
+        root = load_params()["local_datasets"][a.dataset]
+        manifest = scan_imagenet(root, num_classes=get_spec(a.dataset).num_classes)
+        save_checked(a.out, manifest)
+        print(f"{a.dataset}: {len(manifest['train'])} train / {len(manifest['val'])} val images in {root} "
+              f"-> {a.out} (a manifest; images are read from {root} while training)")
+        return
     data = prepare_dataset(a.dataset, root=a.raw)
     data.save(a.out)
     print(f"{a.dataset}: {len(data.train_labels)} train / {len(data.test_labels)} test images -> {a.out}")

@@ -6,10 +6,15 @@ Used by every training stage: train_baseline, train_impulse (main grid) and the 
 params.yaml; the flags say what differs in this cell. Each seed keeps its own outputs:
 <out>/seed<s>/ (dvclive metrics and curves, init.json), <model-out>/seed<s>.pt, and its own
 resumable checkpoint.
+
+Datasets read from a folder (ImageNet: --data is its manifest) train seed after seed with the
+streamed trainer. STRUCTINIT_NPROC=N in the environment runs the cell on N processes
+(torchrun, DDP; rank 0 writes everything): how a cell runs, so never part of its command.
 """
 import argparse
 import contextlib
 import os
+import sys
 from pathlib import Path
 
 from dvclive import Live
@@ -18,6 +23,10 @@ from stages.common import (load_params, log_timings, recipe, run_stage, seed_dir
                            write_record)
 from structinit.io import save_torch, without_timings
 from structinit import ImageData, TrainConfig, stratified_subset
+from structinit.datasets import STREAMED, get_spec
+from structinit.distributed import DistributedContext, relaunch_under_torchrun, requested_micro_batch
+from structinit.imagenet import manifest_labels
+from structinit.io import load_checked
 from structinit.models import create_convmixer
 from structinit.pipeline import impulse_options, initialized_vit, load_impulse_solution, parse_pseudo_variant
 from structinit.steps import match_steps, steps_per_epoch, total_steps
@@ -113,26 +122,57 @@ def cell_fingerprint(init_record: dict, subset) -> dict:
     return {"init": without_timings(init_record), "subset": [int(i) for i in subset]}
 
 
+def train_streamed_seeds(a, models, params, manifest, cfgs, subset, ckpt_dir, fingerprints, log):
+    """Each seed in turn (one model fills the devices), on every process of this torchrun."""
+    from structinit.imagenet import check_root_matches, imagenet_datasets
+    from structinit.stream_train import train_streamed
+
+    ctx = DistributedContext.from_env()
+    ctx.start()
+    root = check_root_matches(params["local_datasets"][a.dataset], manifest)
+    histories = []
+    for i, (model, cfg) in enumerate(zip(models, cfgs)):
+        train_set, test_set = imagenet_datasets(root, manifest, cfg, cfg.seed, train_indices=subset)
+        histories.append(train_streamed(
+            model, train_set, test_set, cfg, ctx=ctx, fingerprint=fingerprints[i],
+            micro_batch=requested_micro_batch(),
+            checkpoint_path=seed_dir(ckpt_dir, cfg.seed).with_suffix(".pt"),
+            on_epoch_end=lambda metrics, i=i: log(i, metrics)))
+    ctx.stop()
+    return histories
+
+
 def main():
     a = parse_args()
+    streamed = a.dataset in STREAMED
+    requested_micro_batch()                   # a bad value stops here, before any work
+    if (status := relaunch_under_torchrun("stages.train", sys.argv[1:])) is not None:
+        sys.exit(status)
+    main_rank = DistributedContext.from_env().is_main
     params = load_params()
     rec = recipe(params, a.dataset)
     seeds = seeds_at(params, a.seeds_from)
-    data = ImageData.load(a.data)
-    subset = stratified_subset(data.train_labels, params["data"]["train_size"],
-                               seed=params["data"]["subset_seed"])
+    if streamed:
+        manifest = load_checked(a.data, f"a dataset manifest: re-create it with dvc repro -f download@{a.dataset}")
+        spec, labels = get_spec(a.dataset), manifest_labels(manifest)
+    else:
+        data = ImageData.load(a.data)
+        spec, labels = data.spec, data.train_labels
+    subset = stratified_subset(labels, params["data"]["train_size"], seed=params["data"]["subset_seed"])
     train, sizes = rec["train"], {}
     if a.train_fraction is not None:
-        subset, train, sizes = data_size_cell(a, train, subset, data.train_labels, params["data"]["subset_seed"])
+        subset, train, sizes = data_size_cell(a, train, subset, labels, params["data"]["subset_seed"])
     cfgs = [TrainConfig(**train, seed=seed) for seed in seeds]
-    models, records = zip(*(build(a, params, rec, data.spec, seed) for seed in seeds))
+    models, records = zip(*(build(a, params, rec, spec, seed) for seed in seeds))
     # Checkpoints live outside DVC's outputs (DVC deletes outputs before a stage runs), so an
     # interrupted cell resumes each seed from its last finished epoch. STRUCTINIT_CKPT_DIR moves them.
     cell = Path(a.out).name
     ckpt_dir = Path(os.environ.get("STRUCTINIT_CKPT_DIR", ".ckpt")) / Path(a.out).parent.name / cell
+    fingerprints = [cell_fingerprint(r, subset) for r in records]
     with contextlib.ExitStack() as stack:
+        # under torchrun, rank 0 alone logs and writes (dvclive's advice for DDP)
         lives = [stack.enter_context(Live(seed_dir(a.out, seed), dvcyaml=False, save_dvc_exp=False))
-                 for seed in seeds]
+                 for seed in seeds] if main_rank else []
         for live, seed, record in zip(lives, seeds, records):
             live.log_params({"dataset": a.dataset, "seed": seed, "train_images": len(subset),
                              **{k: v for k, v in record.items() if k in ("model", "method", "size", "filter_mode")},
@@ -144,13 +184,22 @@ def main():
                     lives[i].log_metric(key.replace("_", "/", 1), metrics[key])
             lives[i].next_step()
 
-        histories = train_models(
-            list(models), data, cfgs, train_indices=subset,
-            checkpoint_paths=[seed_dir(ckpt_dir, seed).with_suffix(".pt") for seed in seeds],
-            fingerprints=[cell_fingerprint(r, subset) for r in records], on_epoch_end=log)
+        if streamed:
+            histories = train_streamed_seeds(a, models, params, manifest, cfgs, subset, ckpt_dir,
+                                             fingerprints, log)
+        else:
+            ctx = DistributedContext.from_env()
+            ctx.start()
+            histories = train_models(
+                list(models), data, cfgs, train_indices=subset,
+                checkpoint_paths=[seed_dir(ckpt_dir, seed).with_suffix(".pt") for seed in seeds],
+                fingerprints=fingerprints, on_epoch_end=log, ctx=ctx)
+            ctx.stop()
         for live, history in zip(lives, histories):
             live.summary["best_test_acc"] = max(h["test_acc"] for h in history if "test_acc" in h)
             live.summary["final_test_acc"] = history[-1]["test_acc"]
+    if not main_rank:
+        return
     for seed, record, model, history in zip(seeds, records, models, histories):
         write_record(seed_dir(a.out, seed) / "init.json", record)
         log_timings(seed_dir(a.out, seed), {

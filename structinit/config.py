@@ -82,15 +82,23 @@ class TrainConfig:
     lr: float = 1e-3
     min_lr: float = 1e-6
     warmup_epochs: float = 10
+    warmup_prefix: bool = False  # False: timm's cosine over all steps, warm-up replacing its start
+                                 # (the paper's runs); True: the cosine starts after warm-up
     weight_decay: float = 0.01
     adam_eps: float = 1e-3
-    grad_clip: float = 3.0
+    grad_clip: float | None = 3.0   # None: no clipping (the official ImageNet command)
     label_smoothing: float = 0.1
     randaugment: str | None = "rand-m9-mstd0.5-inc1"
     hflip: bool = True
     amp: str = "auto"            # auto: bf16 autocast on CUDA, fp32 on CPU
     cpu_chunks: str | int = "auto"  # CPU: run each batch as n single-threaded chunks (cpu_chunks.py)
     eval_every: int = 1          # test-set evaluation every n epochs (and always after the last)
+    # The streamed trainer's (ImageNet) extras, timm's train.py options of the same meaning;
+    # the on-device trainer refuses them rather than ignore them.
+    mixup: float = 0.0           # mixup alpha (0 = off)
+    cutmix: float = 0.0          # cutmix alpha (0 = off)
+    random_erasing: float = 0.0  # per-image probability, pixel mode (timm --reprob, --remode pixel)
+    lr_batch_size: int | None = None  # lr is for this global batch; scaled by sqrt(batch / this)
     seed: int = 0
 
     def __post_init__(self):
@@ -105,12 +113,29 @@ class TrainConfig:
         bounds = {"lr": self.lr > 0, "min_lr": 0 <= self.min_lr <= self.lr,
                   "warmup_epochs": self.warmup_epochs >= 0,
                   "weight_decay": self.weight_decay >= 0, "adam_eps": self.adam_eps > 0,
-                  "grad_clip": self.grad_clip > 0, "label_smoothing": 0 <= self.label_smoothing < 1}
+                  "grad_clip": self.grad_clip is None or self.grad_clip > 0,
+                  "label_smoothing": 0 <= self.label_smoothing < 1,
+                  "mixup": self.mixup >= 0, "cutmix": self.cutmix >= 0,
+                  "random_erasing": 0 <= self.random_erasing <= 1,
+                  "lr_batch_size": self.lr_batch_size is None or self.lr_batch_size >= 1}
         allowed = {"lr": "> 0", "min_lr": "between 0 and lr", "warmup_epochs": ">= 0",
-                   "weight_decay": ">= 0", "adam_eps": "> 0", "grad_clip": "> 0",
-                   "label_smoothing": "in [0, 1)"}
+                   "weight_decay": ">= 0", "adam_eps": "> 0", "grad_clip": "> 0 or null (no clipping)",
+                   "label_smoothing": "in [0, 1)", "mixup": ">= 0 (0 = off)", "cutmix": ">= 0 (0 = off)",
+                   "random_erasing": "a probability in [0, 1]", "lr_batch_size": ">= 1 or null"}
         for name, ok in bounds.items():
             if not ok:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be {allowed[name]}")
         if self.randaugment:
             RandAugmentPolicy.parse(self.randaugment)  # fail now, not mid-run
+
+    @property
+    def streamed_only(self) -> dict:
+        """The options set here that only the streamed trainer implements."""
+        return {k: v for k, v in (("mixup", self.mixup), ("cutmix", self.cutmix),
+                                  ("random_erasing", self.random_erasing),
+                                  ("lr_batch_size", self.lr_batch_size)) if v}
+
+    def scaled_lr(self, global_batch: int) -> float:
+        """lr for this global batch: timm's rule for Adam-family optimizers, lr * sqrt(ratio)
+        (train.py's --lr-base/--lr-base-size, the official ImageNet command's lr 4e-3 at 4096)."""
+        return self.lr if self.lr_batch_size is None else self.lr * (global_batch / self.lr_batch_size) ** 0.5

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .datasets import DATASETS, DatasetSpec, get_spec  # noqa: F401  (re-exported)
+from .datasets import DATASETS, STREAMED, DatasetSpec, get_spec  # noqa: F401  (re-exported)
 from .io import CorruptFileError, load_checked, save_checked
 
 
@@ -73,6 +73,9 @@ DIGITS_SPLIT_SEED = 0
 def prepare_dataset(name: str, root: str | Path = "data/raw", download: bool = True) -> ImageData:
     """Load (downloading into `root` if needed) and convert to uint8 tensors."""
     spec = get_spec(name)
+    if name in STREAMED:
+        raise ValueError(f"{name} is read from a local directory and streamed, never held as tensors: "
+                         "see structinit/imagenet.py")
     if name == "digits":
         return _digits(spec)
     import torchvision.datasets as tvd

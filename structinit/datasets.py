@@ -23,11 +23,18 @@ DATASETS = {
     "cifar10": DatasetSpec("cifar10", 32, 3, 10, CIFAR_MEAN, CIFAR_STD),
     "cifar100": DatasetSpec("cifar100", 32, 3, 100, CIFAR_MEAN, CIFAR_STD),
     "svhn": DatasetSpec("svhn", 32, 3, 10, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
+    # imagenet: the official run's model (timm's vit_tiny_patch16_224) takes its data config from
+    # timm's ViT defaults: mean = std = 0.5, evaluated at crop 0.9, bicubic (imagenet.py)
+    "imagenet": DatasetSpec("imagenet", 224, 3, 1000, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
 }
+# Datasets too large for the training device as one tensor: read from a local directory and
+# streamed by DataLoader workers (imagenet.py, stream_train.py) instead of data.py's tensors.
+STREAMED = ("imagenet",)
 # Training images per dataset (digits: the fixed 80 % split of data.py; the others: their
 # train splits). Not part of DatasetSpec, which prepared files store: params.yaml's schema
 # needs the counts (a study's subset must hold a batch) before any data is loaded.
-TRAIN_IMAGES = {"digits": 1437, "cifar10": 50_000, "cifar100": 50_000, "svhn": 73_257}
+TRAIN_IMAGES = {"digits": 1437, "cifar10": 50_000, "cifar100": 50_000, "svhn": 73_257,
+                "imagenet": 1_281_167}
 
 
 def get_spec(name: str) -> DatasetSpec:

@@ -22,7 +22,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, create_mode
 
 from .config import (FILTER_MODES, METHODS, OFFSET_ORDERS, PSEUDO_INPUTS, SOLVER_NAMES, TrainConfig,
                      check_kernel, parse_pseudo_variant, pseudo_variant)
-from .datasets import DATASETS, TRAIN_IMAGES
+from .datasets import DATASETS, STREAMED, TRAIN_IMAGES
 from .errors import StructinitError
 from .steps import subset_size
 
@@ -94,6 +94,10 @@ class Data(_Section):
         if v is None or (isinstance(v, int) and v >= 1) or (isinstance(v, float) and 0 < v <= 1):
             return v
         raise ValueError("must be null (all images), a fraction in (0, 1] or a count >= 1")
+
+
+class LocalDatasets(_Section):           # datasets read from a local directory (datasets.STREAMED)
+    imagenet: Optional[str] = None
 
 
 class VitModel(_Section):                # create_vit's shape arguments
@@ -209,6 +213,7 @@ class Params(_Section):
     studies: Studies
     convmixer_sizes: dict[str, ConvmixerSize]
     model_shapes: dict[str, ShapeOverride]
+    local_datasets: LocalDatasets = LocalDatasets()
 
 
 def _impulse_kernel(name: str) -> int | None:
@@ -229,9 +234,14 @@ def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
     used = {("grid.datasets", d) for d in g.datasets} | {
         (f"studies.{name}.datasets", d) for name in ("convmixer", "pseudo_input", "heads_width", "data_size")
         for d in getattr(s, name).datasets}
+    no_folder = set()
     for path, d in sorted(used):
         if d not in p.recipes:
             out.append((path, d, f"has no recipe: add recipes.{d} (recipes has {sorted(p.recipes)})"))
+        if d in STREAMED and getattr(p.local_datasets, d) is None and d not in no_folder:
+            no_folder.add(d)                   # said once, at the first key that asks for it
+            out.append((path, d, f"is read from a local directory, never downloaded: set local_datasets.{d} "
+                        "to its folder (ILSVRC layout: train/<wnid>/*.JPEG, val/<wnid>/*.JPEG)"))
     size = p.data.train_size
     if isinstance(size, int):
         for path, d in sorted(used):

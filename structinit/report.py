@@ -147,19 +147,31 @@ _NOT_RECIPE = ("amp", "eval_every", "cpu_chunks", "seed")
 DIGITS_EPOCHS_TO_CONVERGE = 80
 
 
-def recipe_departures(rec: dict) -> list[str]:
-    """How a dataset's recipe departs from the paper's (TrainConfig's defaults, ViT-T/2)."""
+# The official ImageNet-1K command (timm train.py; method page, section 5, and the official
+# README): what differs from TrainConfig's defaults (the small-data recipe), and ViT-T/16.
+PAPER_IMAGENET_TRAIN = {"epochs": 300, "batch_size": 4096, "lr": 0.004, "lr_batch_size": 4096,
+                        "min_lr": 0.0, "warmup_epochs": 50, "weight_decay": 0.05, "adam_eps": 1e-8,
+                        "grad_clip": None, "mixup": 1.0, "cutmix": 0.8, "random_erasing": 0.25}
+PAPER_IMAGENET_MODEL = {"patch_size": 16, "embed_dim": 192, "depth": 12, "num_heads": 3}
+
+
+def recipe_departures(rec: dict, dataset: str | None = None) -> list[str]:
+    """How a dataset's recipe departs from the paper's (TrainConfig's defaults and ViT-T/2;
+    on ImageNet-1K the official ImageNet command and ViT-T/16)."""
     import dataclasses
 
-    from structinit.models.vit import VIT_T2
     from structinit.config import TrainConfig
+    from structinit.models.vit import VIT_T2
 
     paper = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    paper_model = VIT_T2
+    if dataset == "imagenet":
+        paper, paper_model = {**paper, **PAPER_IMAGENET_TRAIN}, PAPER_IMAGENET_MODEL
     out = [f"{k} {v} (paper {paper[k]})" for k, v in rec["train"].items()
            if k in paper and k not in _NOT_RECIPE and v != paper[k]]
-    model = {k: v for k, v in rec["model"].items() if VIT_T2.get(k, v) != v}
+    model = {k: v for k, v in rec["model"].items() if paper_model.get(k, v) != v}
     if model:
-        out.append("model " + ", ".join(f"{k} {v} (paper {VIT_T2[k]})" for k, v in model.items()))
+        out.append("model " + ", ".join(f"{k} {v} (paper {paper_model[k]})" for k, v in model.items()))
     return out
 
 
@@ -182,7 +194,7 @@ def what_ran(params: dict, datasets, seeds, extra: str = "", vit: bool = True) -
              f"{params['data']['train_size'] or 'all'}"]
     for ds in datasets:
         rec = params["recipes"][ds]
-        dep = recipe_departures(rec if vit else {"train": rec["train"], "model": {}})
+        dep = recipe_departures(rec if vit else {"train": rec["train"], "model": {}}, ds)
         parts.append(f"{ds}: the paper's recipe" + (", departing in: " + "; ".join(dep) if dep else ", unchanged"))
         if ds == "digits" and rec["train"]["epochs"] < DIGITS_EPOCHS_TO_CONVERGE:
             parts.append(f"{rec['train']['epochs']} epochs is short of convergence under the paper's "

@@ -30,6 +30,7 @@ from .augment import rand_augment, random_hflip
 from .config import RandAugmentPolicy, TrainConfig  # noqa: F401  (TrainConfig: re-exported)
 from .cpu_chunks import ChunkedBackward, plan_cpu_chunks
 from .data import ImageData
+from .distributed import DistributedContext
 from .errors import StructinitError
 from .io import CorruptFileError, load_checked, save_checked
 from .numerics import use_pinned_threads
@@ -49,10 +50,13 @@ def default_device() -> torch.device:
 
 
 def lr_at(step: int, total_steps: int, warmup_steps: int, cfg: TrainConfig) -> float:
-    """Linear warm-up from 0, then cosine to min_lr; a function of the step, so resumable."""
+    """Linear warm-up from 0, then cosine to min_lr; a function of the step, so resumable.
+    cfg.warmup_prefix: the cosine starts where warm-up ends; else (timm's default, the paper's
+    runs) it runs over all steps from step 0 and warm-up replaces its start."""
     if step < warmup_steps:
         return cfg.lr * (step + 1) / warmup_steps
-    t = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    t = ((step - warmup_steps) / max(1, total_steps - warmup_steps) if cfg.warmup_prefix
+         else step / max(1, total_steps))
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * t))
 
 
@@ -95,7 +99,8 @@ def _epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Gener
     return torch.Generator(device=device).manual_seed(seed * 1_000_003 + epoch)
 
 
-def _autocast(cfg: TrainConfig, device: torch.device):
+def autocast(cfg: TrainConfig, device: torch.device):
+    """amp='auto': bf16 autocast on CUDA, fp32 elsewhere; 'bf16' everywhere (CPU too); 'off'."""
     use = cfg.amp == "bf16" or (cfg.amp == "auto" and device.type == "cuda")
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=use)
 
@@ -108,7 +113,7 @@ def evaluate(model, images: torch.Tensor, labels: torch.Tensor, pipe: BatchPipel
     correct = torch.zeros((), device=device, dtype=torch.long)
     for i in range(0, len(labels), batch_size):
         x, y = pipe.normalize(images[i:i + batch_size]), labels[i:i + batch_size]
-        with _autocast(cfg, device):
+        with autocast(cfg, device):
             logits = model(x)
         loss_sum += F.cross_entropy(logits.float(), y, reduction="sum")
         correct += (logits.argmax(-1) == y).sum()
@@ -149,7 +154,8 @@ def train_model(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
 def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[TrainConfig], *,
                  device: torch.device | str | None = None, train_indices: torch.Tensor | None = None,
                  checkpoint_paths: list | None = None, fingerprints: list | None = None,
-                 on_epoch_end=None, progress: bool = True) -> list[list[dict]]:
+                 on_epoch_end=None, progress: bool = True,
+                 ctx: DistributedContext | None = None) -> list[list[dict]]:
     """Train models of one architecture in place, stacked; returns each one's epoch metrics.
 
     cfgs: one per model, equal except for `seed` (each model's data order and augmentation).
@@ -159,6 +165,11 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
     checkpoints stopped at different epochs (a kill between two writes) first catch up,
     stacked by epoch, then train on together. on_epoch_end(i, metrics) is called for every
     epoch of model i, including (first) the epochs restored from its checkpoint.
+
+    ctx: several processes (torchrun, distributed.py) train the stack together. Every process
+    draws and augments the whole global batch (the same generators), keeps its own slice of
+    it, and the gradients are averaged over processes before clipping: each step is the
+    one-process step, to float noise. Rank 0 alone writes checkpoints and calls on_epoch_end.
     """
     if len(cfgs) != len(models):
         raise ValueError(f"{len(models)} models but {len(cfgs)} configs: give one config per model")
@@ -169,7 +180,19 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
             raise ValueError(f"configs 0 and {i} differ in {differ}: models train together only "
                              "with one recipe (they may differ in seed)")
     cfg = cfgs[0]
-    device = torch.device(device) if device is not None else default_device()
+    if cfg.streamed_only:
+        raise ValueError(f"{cfg.streamed_only}: the on-device trainer does not implement these; they are "
+                         "the streamed trainer's (stream_train.py, datasets read from a directory)")
+    ctx = ctx or DistributedContext()
+    if cfg.batch_size % ctx.world_size:
+        raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {ctx.world_size} processes; "
+                         "the global batch must split evenly")
+    device = torch.device(device) if device is not None else ctx.device() if ctx.enabled else default_device()
+    if ctx.enabled and any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for model in models
+                           for m in model.modules()):
+        raise ValueError(f"{type(models[0]).__name__} has BatchNorm: on {ctx.world_size} processes each would "
+                         "normalize by its own slice of the batch, so the run would not be the one-process "
+                         "run; train this cell on one process (unset STRUCTINIT_NPROC)")
     if device.type == "cpu":
         use_pinned_threads()                  # the bytes depend on the thread count (numerics.py)
     checkpoint_paths = checkpoint_paths or [None] * len(models)
@@ -178,10 +201,16 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
                  json.loads(json.dumps({"config": dataclasses.asdict(c), "checkpoint_format": CHECKPOINT_FORMAT,
                                         **(f or {})}, default=str)))
             for m, c, p, f in zip(models, cfgs, checkpoint_paths, fingerprints)]
-    for i, run in enumerate(runs):
+    # Rank 0 restores first (and moves a damaged checkpoint aside), then the others read what
+    # it left, so that every process starts from the same epoch.
+    for run in runs if ctx.is_main else []:
         _restore(run, device)
+    ctx.barrier()
+    for run in runs if not ctx.is_main else []:
+        _restore(run, device)
+    for i, run in enumerate(runs):
         for metrics in run.history:
-            if on_epoch_end:
+            if on_epoch_end and ctx.is_main:
                 on_epoch_end(i, metrics)
 
     idx = train_indices if train_indices is not None else torch.arange(len(data.train_labels))
@@ -198,14 +227,16 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
         stop = min([r.epochs_done for r in todo if r.epochs_done > start], default=cfg.epochs)
         stack = StackedModels([r.model for r in group]).to(device).train()
         opt = _stacked_adamw(stack, [r.optimizer for r in group], cfg, device)
-        chunks, how = plan_cpu_chunks(cfg.cpu_chunks, stack.base, device, batch_size)
+        chunks, how = plan_cpu_chunks(cfg.cpu_chunks, stack.base, device, batch_size // ctx.world_size)
         chunked = (ChunkedBackward(stack, chunks, lambda replica, x, y: _loss_and_grads(replica, x, y, cfg, device))
                    if chunks > 1 else None)
-        if progress:
-            print(f"training {len(group)} model(s) stacked on {device}, epochs {start + 1}-{stop}: {how} per step")
+        if progress and ctx.is_main:
+            where = f"{device} x {ctx.world_size} processes" if ctx.enabled else device
+            print(f"training {len(group)} model(s) stacked on {where}, epochs {start + 1}-{stop}: {how} per step")
         with chunked or contextlib.nullcontext():
             _train_epochs(range(start, stop), group, runs, stack, chunked, opt, pipe, train_x,
-                          train_y, test_x, test_y, batch_size, cfg, device, progress, on_epoch_end)
+                          train_y, test_x, test_y, batch_size, cfg, device, progress and ctx.is_main,
+                          on_epoch_end if ctx.is_main else None, ctx)
         for i, run in enumerate(group):
             run.model.load_state_dict(stack.state_dict_of(i))
             run.optimizer = _optimizer_state_of(opt, stack, i)
@@ -213,11 +244,11 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
 
 
 def _train_epochs(epochs, group, runs, stack, chunked, opt, pipe, train_x, train_y, test_x,
-                  test_y, batch_size, cfg, device, progress, on_epoch_end) -> None:
+                  test_y, batch_size, cfg, device, progress, on_epoch_end, ctx) -> None:
     """Train the stacked runs `group` for `epochs`: evaluate, log, checkpoint each epoch."""
     for epoch in epochs:
         per_model = _train_epoch(epoch, stack, chunked, opt, pipe, train_x, train_y,
-                                 batch_size, [r.cfg.seed for r in group], cfg, device, progress)
+                                 batch_size, [r.cfg.seed for r in group], cfg, device, progress, ctx)
         if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
             t = time.perf_counter()
             with chunked.all_threads() if chunked else contextlib.nullcontext():
@@ -234,7 +265,7 @@ def _train_epochs(epochs, group, runs, stack, chunked, opt, pipe, train_x, train
                        f"({per_model[0]['images_per_s'] * len(group):.0f} model-img/s)")
         for i, (run, metrics) in enumerate(zip(group, per_model)):
             run.history.append(metrics)
-            if run.checkpoint is not None:
+            if run.checkpoint is not None and ctx.is_main:
                 save_checked(run.checkpoint, {
                     "fingerprint": run.fingerprint, "epoch": epoch, "history": run.history,
                     "model": stack.state_dict_of(i), "optimizer": _optimizer_state_of(opt, stack, i)})
@@ -306,7 +337,7 @@ def _loss_and_grads(stack: StackedModels, x, y, cfg: TrainConfig, device):
     logits (N, B, classes)) of the training objective."""
     def objective(logits, labels):                   # one model's batch: (B, classes), (B,)
         return F.cross_entropy(logits.float(), labels, label_smoothing=cfg.label_smoothing)
-    return stack.loss_and_grads(x, y, objective, lambda: _autocast(cfg, device))
+    return stack.loss_and_grads(x, y, objective, lambda: autocast(cfg, device))
 
 
 @torch.no_grad()
@@ -317,7 +348,7 @@ def _evaluate_stacked(stack: StackedModels, images, labels, pipe: BatchPipeline,
     correct = torch.zeros(stack.n, device=device, dtype=torch.long)
     for i in range(0, len(labels), batch_size):
         x, y = pipe.normalize(images[i:i + batch_size]), labels[i:i + batch_size]
-        with _autocast(cfg, device):
+        with autocast(cfg, device):
             logits = stack(x, shared_input=True)                   # (N, B, classes)
         y = y.expand(stack.n, -1)
         loss_sum += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(),
@@ -342,7 +373,7 @@ def _stop_if_nonfinite(first_bad_step: torch.Tensor, seeds: list[int], epoch: in
 
 
 def _train_epoch(epoch, stack, chunked, opt, pipe, train_x, train_y, batch_size, seeds,
-                 cfg, device, progress) -> list[dict]:
+                 cfg, device, progress, ctx) -> list[dict]:
     """One pass of every stacked model over the (shuffled) training set, each in its own
     seed's order; no host sync until its end."""
     t0 = time.perf_counter()
@@ -366,9 +397,14 @@ def _train_epoch(epoch, stack, chunked, opt, pipe, train_x, train_y, batch_size,
         if i == steps_per_epoch:
             return None
         rows = [order[i * batch_size:(i + 1) * batch_size] for order in orders]
-        return (torch.stack([pipe.augment(train_x[r], g) for r, g in zip(rows, gens)]),  # (N, B, C, H, W)
-                torch.stack([train_y[r] for r in rows]))                                # (N, B)
+        x = torch.stack([pipe.augment(train_x[r], g) for r, g in zip(rows, gens)])      # (N, B, C, H, W)
+        y = torch.stack([train_y[r] for r in rows])                                     # (N, B)
+        if ctx.enabled:                               # this process's rows of the global batch
+            x, y = x[:, local_rows], y[:, local_rows]
+        return x, y
 
+    local_batch = batch_size // ctx.world_size
+    local_rows = slice(ctx.rank * local_batch, (ctx.rank + 1) * local_batch)
     upcoming = batch(0)
     for i in bar:
         step = epoch * steps_per_epoch + i
@@ -382,9 +418,12 @@ def _train_epoch(epoch, stack, chunked, opt, pipe, train_x, train_y, batch_size,
         else:
             grads, losses, logits = _loss_and_grads(stack, x, y, cfg, device)
             set_grads(stack.trainable(), grads)
-            batch_loss_sum, batch_correct = losses * batch_size, (logits.argmax(-1) == y).sum(1)
+            batch_loss_sum, batch_correct = losses * local_batch, (logits.argmax(-1) == y).sum(1)
             upcoming = batch(i + 1)
-        grad_norms = clip_grad_norm_per_model(params, cfg.grad_clip)          # (N,)
+        if ctx.enabled:                               # what DDP does: the global batch's mean gradient
+            for p in params:
+                ctx.sum(p.grad).div_(ctx.world_size)
+        grad_norms = clip_grad_norm_per_model(params, cfg.grad_clip or math.inf)  # (N,)
         bad = ~torch.isfinite(batch_loss_sum) | ~torch.isfinite(grad_norms)
         first_bad_step = torch.where((first_bad_step < 0) & bad, i, first_bad_step)
         if (i + 1) % check_every == 0:
@@ -393,6 +432,8 @@ def _train_epoch(epoch, stack, chunked, opt, pipe, train_x, train_y, batch_size,
         loss_sum += batch_loss_sum
         correct += batch_correct
     seen = steps_per_epoch * batch_size
+    if ctx.enabled:
+        loss_sum, correct = ctx.sum(loss_sum), ctx.sum(correct)
     if device.type == "cuda":
         torch.cuda.synchronize()                      # so train_seconds is the real time
     lr = opt.param_groups[0]["lr"]

@@ -1,3 +1,4 @@
+import math
 import time
 
 import pytest
@@ -113,6 +114,13 @@ def test_lr_schedule_warmup_then_cosine():
     lrs = [si.train.lr_at(s, 100, 10, cfg) for s in range(100)]
     assert lrs[9] == pytest.approx(1e-3) and lrs[0] == pytest.approx(1e-4)
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:])) and lrs[-1] < 2e-5
+    # timm's shape (the default, the paper's): the cosine runs from step 0, so right after
+    # warm-up it is already at cos of 10 % of the way; warmup_prefix starts it there afresh
+    cosine = lambda t: 1e-6 + 0.5 * (1e-3 - 1e-6) * (1 + math.cos(math.pi * t))  # noqa: E731
+    assert lrs[10] == pytest.approx(cosine(10 / 100)) and lrs[50] == pytest.approx(cosine(0.5))
+    prefixed = si.TrainConfig(lr=1e-3, min_lr=1e-6, warmup_prefix=True)
+    assert si.train.lr_at(10, 100, 10, prefixed) == pytest.approx(1e-3)
+    assert si.train.lr_at(55, 100, 10, prefixed) == pytest.approx(cosine(0.5))
 
 
 def test_bad_config_is_refused_before_training():

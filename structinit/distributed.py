@@ -1,0 +1,117 @@
+"""One training run over several processes (DDP): who am I, which device, and how to start.
+
+    ctx = DistributedContext.from_env()     # WORLD_SIZE / RANK / LOCAL_RANK, as torchrun sets them
+    ctx.is_main                             # rank 0: the only process that logs and writes files
+
+A stage asks for N processes with the environment variable STRUCTINIT_NPROC=N, not with a
+flag: the process count is how a cell is run, not what it computes, so it must stay out of
+the stage's command and params (DVC would otherwise count an 8-GPU run and a 1-GPU run as two
+different cells). `relaunch_under_torchrun` then re-starts the stage under torchrun.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+NPROC_VAR = "STRUCTINIT_NPROC"                 # processes per cell (e.g. one per GPU)
+MICRO_BATCH_VAR = "STRUCTINIT_MICRO_BATCH"     # images per forward pass per process (streamed trainer)
+
+
+def requested_processes(environ=os.environ) -> int:
+    raw = environ.get(NPROC_VAR, "1") or "1"
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise SystemExit(f"{NPROC_VAR}={raw!r}: give a whole number of processes >= 1 "
+                         "(1 = this process alone; N = N processes, e.g. one per GPU)")
+    return n
+
+
+def requested_micro_batch(environ=os.environ) -> int | None:
+    """STRUCTINIT_MICRO_BATCH: how a process's share of the batch is cut to fit in memory (the
+    step is the same, so, like the process count, it is not part of a cell's identity)."""
+    raw = environ.get(MICRO_BATCH_VAR, "")
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise SystemExit(f"{MICRO_BATCH_VAR}={raw!r}: give a whole number of images >= 1, or leave it unset")
+    return int(raw)
+
+
+def under_torchrun(environ=os.environ) -> bool:
+    return "TORCHELASTIC_RUN_ID" in environ or "LOCAL_RANK" in environ
+
+
+def relaunch_under_torchrun(module: str, argv: list[str], environ=os.environ) -> int | None:
+    """When STRUCTINIT_NPROC > 1 and this is not yet a torchrun worker: run `python -m module
+    argv` under torchrun with that many processes on this machine and return its exit status;
+    otherwise None (carry on in this process). --standalone picks a free rendezvous port, so
+    two cells on one machine do not collide. One machine only: many machines run many cells
+    (structinit.fanout), not one cell."""
+    n = requested_processes(environ)
+    if n == 1 or under_torchrun(environ):
+        return None
+    gpus = torch.cuda.device_count()
+    if gpus and n > gpus:
+        raise SystemExit(f"{NPROC_VAR}={n}: this machine has {gpus} visible GPU(s); ask for at most {gpus} "
+                         "processes (one per GPU)")
+    import shlex
+    import subprocess
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
+           "-m", module, *argv]
+    print(f"{NPROC_VAR}={n}: running under torchrun: {shlex.join(cmd)}", flush=True)
+    return subprocess.call(cmd)
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedContext:
+    world_size: int = 1
+    rank: int = 0
+    local_rank: int = 0
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> DistributedContext:
+        """torchrun's variables; a plain process is rank 0 of 1."""
+        return cls(int(environ.get("WORLD_SIZE", 1)), int(environ.get("RANK", 0)),
+                   int(environ.get("LOCAL_RANK", 0)))
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    def device(self) -> torch.device:
+        """This process's GPU (by local rank), or the CPU when there is none."""
+        if torch.cuda.is_available():
+            torch.cuda.set_device(self.local_rank)
+            return torch.device("cuda", self.local_rank)
+        return torch.device("cpu")
+
+    def start(self) -> None:
+        """Join the process group: NCCL between GPUs, gloo on CPU. No-op for one process."""
+        if self.enabled and not dist.is_initialized():
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+
+    def stop(self) -> None:
+        if self.enabled and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum over processes (in place, returned): metrics of each process's shard."""
+        if self.enabled:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t

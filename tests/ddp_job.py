@@ -1,0 +1,72 @@
+"""Run by the tests alone or under torchrun: train a tiny ViT on a tiny ILSVRC folder with
+the streamed trainer, or two digits ViTs stacked with the on-device trainer (ROOT = "digits"),
+and save (rank 0) the weights and history.
+
+    python tests/ddp_job.py ROOT OUT [--epochs N] [--stop-after E] [--checkpoint PATH]
+"""
+import argparse
+import sys
+
+import structinit  # noqa: F401  (pins CPU numerics before torch runs anything)
+import torch
+
+from structinit.config import TrainConfig
+from structinit.distributed import DistributedContext
+from structinit.imagenet import imagenet_datasets, scan_imagenet
+from structinit.models import create_vit
+from structinit.stream_train import train_streamed
+
+ap = argparse.ArgumentParser()
+ap.add_argument("root")
+ap.add_argument("out")
+ap.add_argument("--epochs", type=int, default=2)
+ap.add_argument("--stop-after", type=int, help="exit (as a kill would) after this epoch's checkpoint")
+ap.add_argument("--checkpoint")
+ap.add_argument("--mixup", type=float, default=0.0)
+a = ap.parse_args()
+
+
+
+def stop(metrics):
+    if a.stop_after and metrics["epoch"] == a.stop_after:
+        sys.exit(3)
+
+
+ctx = DistributedContext.from_env()
+ctx.start()
+if a.root == "digits":
+    from structinit.data import prepare_dataset
+    from structinit.train import train_models
+
+    cfgs = [TrainConfig(epochs=a.epochs, batch_size=64, lr=1e-3, warmup_epochs=1, randaugment="rand-m9-mstd0.5-inc1",
+                        eval_every=1, seed=s) for s in (0, 1)]
+    models = [create_vit(img_size=8, patch_size=1, embed_dim=24, depth=1, num_heads=2, num_classes=10, in_chans=1)
+              for _ in cfgs]
+    for i, m in enumerate(models):
+        torch.manual_seed(i)
+        for p in m.parameters():
+            torch.nn.init.normal_(p, std=0.05)
+    histories = train_models(models, prepare_dataset("digits"), cfgs, train_indices=torch.arange(512),
+                             checkpoint_paths=[a.checkpoint and f"{a.checkpoint}.{i}" for i in range(2)],
+                             ctx=ctx, progress=False,
+                             on_epoch_end=lambda i, metrics: i == 1 and stop(metrics))
+    if ctx.is_main:
+        torch.save({"models": [m.state_dict() for m in models], "histories": histories,
+                    "world_size": ctx.world_size}, a.out)
+    ctx.stop()
+    sys.exit(0)
+manifest = scan_imagenet(a.root, num_classes=4)
+# RandAugment and random erasing on: each image is seeded by (seed, epoch, index), so two
+# processes with half batches see exactly the images one process sees
+cfg = TrainConfig(epochs=a.epochs, batch_size=8, lr=1e-3, warmup_epochs=1, randaugment="rand-m9-mstd0.5-inc1",
+                  random_erasing=0.25, mixup=a.mixup, grad_clip=1.0, eval_every=1, seed=3)
+train_set, test_set = imagenet_datasets(a.root, manifest, cfg, cfg.seed)
+torch.manual_seed(0)
+model = create_vit(img_size=224, patch_size=16, embed_dim=24, depth=1, num_heads=2, num_classes=4, in_chans=3)
+
+
+history = train_streamed(model, train_set, test_set, cfg, ctx=ctx, checkpoint_path=a.checkpoint, workers=0,
+                         on_epoch_end=stop, progress=False)
+if ctx.is_main:
+    torch.save({"model": model.state_dict(), "history": history, "world_size": ctx.world_size}, a.out)
+ctx.stop()
