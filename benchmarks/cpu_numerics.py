@@ -41,7 +41,7 @@ def child(model: str, epochs: int, threads: int, chunks: str) -> None:
     import torch
     import yaml
     from structinit.numerics import check_cpu_numerics
-    from structinit.pipeline import build_model
+    from structinit.build import build_model
 
     if threads:                              # 0: leave it to the environment (and the pin)
         torch.set_num_threads(threads)

@@ -17,7 +17,7 @@ import yaml
 from tabulate import tabulate
 
 from structinit import TrainConfig, initialize, prepare_dataset, train_models
-from structinit.pipeline import build_model
+from structinit.build import build_model
 
 
 def run(data, rec, init, epochs, seeds):

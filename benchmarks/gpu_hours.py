@@ -43,8 +43,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=5, help="seeds per main-table cell (the pipeline's default)")
     ap.add_argument("--study-seeds", type=int, default=3)
-    ap.add_argument("--tflops", type=float, default=100.0, help="sustained bf16 TFLOP/s per GPU (assumed; ~10 %% of an H100's peak)")
-    ap.add_argument("--decode", type=float, default=1000.0, help="ImageNet images/s per GPU from its CPU workers (assumed)")
+    ap.add_argument("--tflops", type=float, default=100.0,
+                    help="sustained bf16 TFLOP/s per GPU (assumed; ~10 %% of an H100's peak)")
+    ap.add_argument("--decode", type=float, default=1000.0,
+                    help="ImageNet images/s per GPU from its CPU workers (assumed)")
     a = ap.parse_args()
     params = load_params()
     rows = []

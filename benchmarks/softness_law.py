@@ -44,7 +44,7 @@ OTHER_PSEUDO_INPUTS = ("U", "G", "A")
 def official(shape, pseudo_input="P"):
     g, c, h, k, seed = shape
     sol = solve_impulse_qk((g, g), c, h, 1, kernel=k, seed=seed, solver="adam", pseudo_input=pseudo_input)
-    return sol.target_mass, sol.loss
+    return sol.target_mass, sol.fit_mse
 
 
 def read_csv():

@@ -27,13 +27,13 @@ from tabulate import tabulate
 
 import structinit as si
 from benchmarks.train_throughput import eager_step
-from structinit.pipeline import build_model
-from structinit.train import BatchPipeline, lr_at, param_groups, train_models
+from structinit.build import build_model
+from structinit.train import BatchAugmentation, lr_at, param_groups, train_models
 
 
 def one_model_loop(model, data, cfg, device) -> float:
     """Train one model the straightforward way; returns training images/s."""
-    pipe = BatchPipeline(data, cfg, device)
+    augmentation = BatchAugmentation(data, cfg, device)
     train_x, train_y = data.train_images.to(device), data.train_labels.to(device)
     model.to(device).train()
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps,
@@ -49,7 +49,7 @@ def one_model_loop(model, data, cfg, device) -> float:
             for g in opt.param_groups:
                 g["lr"] = lr_at(epoch * steps + i, steps * cfg.epochs, round(cfg.warmup_epochs * steps), cfg)
             rows = order[i * bs:(i + 1) * bs]
-            eager_step(model, opt, pipe.augment(train_x[rows], gen), train_y[rows], cfg, device)
+            eager_step(model, opt, augmentation.augment(train_x[rows], gen), train_y[rows], cfg, device)
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds += time.perf_counter() - t

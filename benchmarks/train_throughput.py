@@ -35,8 +35,8 @@ from timm.data.auto_augment import rand_augment_transform
 from torchvision import transforms
 
 import structinit as si
-from structinit.pipeline import build_model
-from structinit.train import autocast, evaluate, BatchPipeline, lr_at, param_groups
+from structinit.build import build_model
+from structinit.train import autocast, evaluate, BatchAugmentation, lr_at, param_groups
 
 
 class PILDataset(torch.utils.data.Dataset):
@@ -97,7 +97,7 @@ def baseline_train(model, data, cfg, device, workers):
             torch.cuda.synchronize()
         train_s += time.perf_counter() - t
     acc = evaluate(model, data.test_images.to(device), data.test_labels.to(device),
-                   BatchPipeline(data, cfg, device), cfg, device)["test_acc"]
+                   BatchAugmentation(data, cfg, device), cfg, device)["test_acc"]
     return seen / train_s, acc
 
 
@@ -107,9 +107,9 @@ def model_step_only(model, data, cfg, device, steps):
     No data path at all, so no trainer can beat this rate with the same model, batch and
     precision; baseline / this is the ceiling for the ratio on this machine.
     """
-    pipe = BatchPipeline(data, cfg, device)
+    augmentation = BatchAugmentation(data, cfg, device)
     bs = min(cfg.batch_size, len(data.train_labels))
-    x = pipe.normalize(data.train_images[:bs].to(device))
+    x = augmentation.normalize(data.train_images[:bs].to(device))
     y = data.train_labels[:bs].to(device)
     model.to(device).train()
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps,

@@ -12,13 +12,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from stages.common import impulse_name, load_params, read_cell, run_stage, seed_dir, write_json, write_text
-from structinit import report, stats
-
-
-def read_grid_cell(results: Path, dataset: str, init: str, seed: int) -> tuple[dict, pd.DataFrame]:
-    fields, curve = read_cell(results / f"{dataset}-{init}", seed)
-    return {"dataset": dataset, "init": init, "seed": seed, **fields}, curve
+from stages.common import load_params, read_cell, run_stage, write_json, write_text
+from structinit import cells as cell_names, report, stats
+from structinit.cells import impulse_init, init_label, main_cell, seed_dir, solve_cell
 
 
 def main():
@@ -34,21 +30,22 @@ def main():
         raise SystemExit(f"init.kernel={kernel} is not in grid.kernels={grid['kernels']}: the headline "
                          f"('ours') must be a trained cell. Run e.g. dvc exp run -S init.kernel={kernel} "
                          f"-S 'grid.kernels={sorted(set(grid['kernels']) | {kernel})}'")
-    inits = list(grid["baselines"]) + [impulse_name(k) for k in grid["kernels"]]
-    ours = impulse_name(kernel)
-    expected = list(itertools.product(grid["datasets"], inits, grid["seeds"]))
-    missing = [f"{d}-{i}-{s}" for d, i, s in expected
-               if not (seed_dir(Path(a.results) / f"{d}-{i}", s) / "metrics.json").exists()]
+    inits, ours = cell_names.main_inits(params), impulse_init(kernel)
+    expected = cell_names.main_runs(params)
+    missing = [f"{main_cell(d, i)}-{s}" for d, i, s in expected
+               if not (seed_dir(Path(a.results) / main_cell(d, i), s) / "metrics.json").exists()]
     if missing:
         raise SystemExit(f"missing results for {len(missing)} cell(s): {missing}")
-    rows = [read_grid_cell(Path(a.results), *e)[0] for e in expected]
-    cells = pd.DataFrame(rows)
+    cells = pd.DataFrame([{"dataset": d, "init": i, "seed": s,
+                           **read_cell(Path(a.results) / main_cell(d, i), s)[0]} for d, i, s in expected])
     solves = list(itertools.product(grid["datasets"], grid["kernels"], grid["seeds"]))
-    record = lambda folder, d, k, s: json.loads(seed_dir(Path(folder) / f"{d}-{k}", s).with_suffix(".json").read_text())  # noqa: E731
+
+    def record(folder, d, k, s):
+        return json.loads(seed_dir(Path(folder) / solve_cell(d, k), s).with_suffix(".json").read_text())
     preopt = pd.DataFrame([record(a.preopt, *solve) for solve in solves])
     reference = [record(a.reference, *solve) for solve in solves]
     preopt["official_target_mass"] = [r["target_mass"] for r in reference]
-    preopt["official_loss"] = [r["loss"] for r in reference]
+    preopt["official_fit_mse"] = [r["fit_mse"] for r in reference]
 
     out = Path(a.out)
     run = report.what_ran(params, grid["datasets"], grid["seeds"])
@@ -60,9 +57,9 @@ def main():
                "number (ViT-T/2, 200 epochs) where it has one.\n\n"
                f"What ran: {run}\n\n"
                + report.main_table(cells, grid["datasets"], inits, ours) + "\n\n"
-               + stats.conclusions_block(comparisons, report.label) + "\n"
+               + stats.conclusions_block(comparisons, init_label) + "\n"
                + report.paper_main_block())
-    kernel_cmp = report.pairwise_comparisons(cells[cells.init.str.startswith("impulse")], "init")
+    kernel_cmp = report.pairwise_comparisons(cells[cells.init.map(cell_names.impulse_kernel).notna()], "init")
     write_text(out / "kernel_table.md",
                "# Structured init by kernel size\n\n"
                f"What ran: {run}\n\n"
@@ -70,8 +67,8 @@ def main():
                "solver's mass: the paper's own solver (10,000 Adam steps) on the same shape, offsets "
                "and seeds (stage reference_solve).\n\n"
                + report.kernel_table(cells, preopt, grid["datasets"], grid["kernels"], kernel) + "\n\n"
-               + stats.conclusions_block(kernel_cmp, report.label) + "\n"
-               + report.paper_main_block([i for i in report.PAPER_MAIN if i.startswith("impulse")]))
+               + stats.conclusions_block(kernel_cmp, init_label) + "\n"
+               + report.paper_main_block([i for i in report.PAPER_MAIN if cell_names.impulse_kernel(i)]))
     write_text(out / "preopt_table.md",
                "# Pre-optimization (Q/K solve) per configuration\n\n"
                "fit = MSE between the solved maps and the impulse targets on the pseudo-input; "
@@ -80,7 +77,7 @@ def main():
                "same shape, offsets and seed; the structured init is meant to match its softness. "
                "The paper publishes no solver figures: the official solver, run here, is the "
                "reference.\n\n"
-               f"Structured init: {report.init_description(params['init'])}.\n\n"
+               f"Structured init: {report.init_description(params['solve'])}.\n\n"
                + report.preopt_table(preopt) + "\n")
     write_json(out / "conclusions.json", {"test": stats.TEST, "alpha": stats.ALPHA,
                                           "comparisons": [c.to_dict() for c in comparisons]})

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import torch
 
-from stages.common import load_params, recipe, run_stage, seed_dir, seeds_at
+from stages.common import load_params, recipe, run_stage, seeds_at
 from structinit.analysis import analyze_model, test_batch
-from structinit.config import METHODS
+from structinit.build import initialized_vit, load_impulse_solution
+from structinit.cells import IMPULSE, parse_init, seed_dir, solve_cell
 from structinit.data import ImageData
 from structinit.datasets import STREAMED, get_spec
 from structinit.imagenet import check_root_matches, evaluation_images
 from structinit.errors import StructinitError
 from structinit.io import MissingFileError, load_checked, load_torch, save_checked, without_timings
 from structinit.numerics import use_pinned_threads
-from structinit.pipeline import initialized_vit, load_impulse_solution
 
 
 def parse_args():
@@ -38,14 +38,15 @@ def parse_args():
     ap.add_argument("--images", type=int, default=512, help="first N test images (default 512)")
     ap.add_argument("--out", required=True, help="folder of seed<s>.pt analyses")
     a = ap.parse_args()
-    base = "impulse" if a.init.startswith("impulse") else a.init
-    if base not in METHODS:
-        ap.error(f"--init {a.init!r}: expected one of {[m for m in METHODS if m != 'impulse']} or impulse<k>")
-    if base == "impulse" and not a.solutions:
+    try:
+        method, kernel = parse_init(a.init)
+    except ValueError as e:
+        ap.error(f"--init: {e}")
+    if method == IMPULSE and not a.solutions:
         ap.error(f"--init {a.init}: give --solutions, the preoptimize artifacts the cell was trained from")
     if a.images < 2:
         ap.error(f"--images {a.images}: need at least 2 test images")
-    return a, base
+    return a, method, kernel
 
 
 def check_same_init(path: Path, rebuilt: dict) -> None:
@@ -63,7 +64,7 @@ def check_same_init(path: Path, rebuilt: dict) -> None:
 
 
 def main():
-    a, base = parse_args()
+    a, method, kernel = parse_args()
     params = load_params()
     model_cfg = recipe(params, a.dataset)["model"]
     seeds = seeds_at(params, a.seeds_from)
@@ -79,20 +80,19 @@ def main():
         spec, images = data.spec, test_batch(data, a.images).to(device)
     for seed in seeds:
         options = {}
-        if base == "impulse":
+        if method == IMPULSE:
             options["solution"] = load_impulse_solution(
-                seed_dir(a.solutions, seed).with_suffix(".pt"),
-                f"a pre-optimization artifact: re-create it with dvc repro -f preoptimize@{a.dataset}-"
-                f"{a.init.removeprefix('impulse')}")
-        model, record = initialized_vit(model_cfg, spec, base, seed, **options)
+                seed_dir(a.solutions, seed).with_suffix(".pt"), "a pre-optimization artifact: re-create "
+                f"it with dvc repro -f preoptimize@{solve_cell(a.dataset, kernel)}")
+        model, record = initialized_vit(model_cfg, spec, method, seed, **options)
         check_same_init(seed_dir(a.init_records, seed) / "init.json",
                         {"model": "vit", **model_cfg, **record.to_dict()})
         model.to(device)
-        at_init = analyze_model(model, images)
+        at_init = analyze_model(model, images, offsets=record.offsets)
         weights = seed_dir(a.models, seed).with_suffix(".pt")
         model.load_state_dict(load_torch(weights, f"trained weights: re-create them with dvc repro "
                                                   f"-f train_*@{a.dataset}-*", map_location=device))
-        trained = analyze_model(model, images)
+        trained = analyze_model(model, images, offsets=record.offsets)
         to_cpu = lambda m: {k: v.cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731
                             for k, v in m.to_dict().items()}
         save_checked(seed_dir(a.out, seed).with_suffix(".pt"),

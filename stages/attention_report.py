@@ -7,12 +7,13 @@ distance), and do the initializers lead to different representations (CKA).
         --figures reports/figures/attention
 """
 import argparse
-import itertools
 from pathlib import Path
 
 import numpy as np
 
-from stages.common import impulse_name, load_params, run_stage, seed_dir, write_text
+from stages.common import load_params, run_stage, write_text
+from structinit import cells
+from structinit.cells import impulse_kernel, init_label, main_cell, seed_dir
 from structinit import attention_summary as summary
 from structinit import report, stats
 from structinit.analysis import ModelAnalysis
@@ -29,7 +30,7 @@ def load_cell(folder: Path, seed: int) -> dict:
 
 
 def dataset_section(ds, analysis: Path, figures: Path, inits, impulse_inits, seeds, images: int) -> str:
-    runs = {(i, s): load_cell(analysis / f"{ds}-{i}", s) for i in inits for s in seeds}
+    runs = {(i, s): load_cell(analysis / main_cell(ds, i), s) for i in inits for s in seeds}
     first = runs[inits[0], seeds[0]]["at_init"]
     gh = (first.profile_images.shape[-2] + 1) // 2
     gw = (first.profile_images.shape[-1] + 1) // 2
@@ -40,7 +41,7 @@ def dataset_section(ds, analysis: Path, figures: Path, inits, impulse_inits, see
         save_figure(attention_fig.profile_grid(one_seed, source, f"{ds}: attention by offset from the "
                                                f"query, {name} (seed {seeds[0]})", vmax),
                     figures / f"attention_{source}_{ds}.png")
-    kernels = {i: int(i.removeprefix("impulse")) for i in impulse_inits}
+    kernels = {i: impulse_kernel(i) for i in impulse_inits}
     save_figure(attention_fig.kernel_grids({i: one_seed[i] for i in impulse_inits}, kernels),
                 figures / f"impulse_kernels_{ds}.png")
     dist = summary.distances(runs, inits, seeds)
@@ -56,7 +57,7 @@ def dataset_section(ds, analysis: Path, figures: Path, inits, impulse_inits, see
     mass = summary.target_mass(runs, impulse_inits, seeds)
     mean = lambda v: float(np.mean(v))  # noqa: E731
     mass_text = "; ".join(
-        f"{report.label(i)}: {mean(m['at_init', 'pseudo']):.3f} on the pseudo-input, "
+        f"{init_label(i)}: {mean(m['at_init', 'pseudo']):.3f} on the pseudo-input, "
         f"{mean(m['at_init', 'images']):.3f} on test images at init "
         f"({mean(m['at_init', 'pseudo']) / max(mean(m['at_init', 'images']), 1e-12):.1f}× less), "
         f"{mean(m['trained', 'images']):.3f} after training" for i, m in mass.items())
@@ -64,15 +65,15 @@ def dataset_section(ds, analysis: Path, figures: Path, inits, impulse_inits, see
     between_tests = stats.compare_all(trained, family=f"{ds}, trained, test images")
     per_init = [c for i in inits for c in stats.compare_all(
         {f"{i} at init": dist[i][("at_init", "images")].mean(1).tolist(), f"{i} trained": trained[i]},
-        family=f"{ds}, {report.label(i)}")]
+        family=f"{ds}, {init_label(i)}")]
     stuck = summary.barely_trained(init_vs_trained)
     caveat = ("" if not stuck else
-              "Caveat, generated: " + ", ".join(report.label(i) for i in stuck) + " kept every block's "
+              "Caveat, generated: " + ", ".join(init_label(i) for i in stuck) + " kept every block's "
               "representation through training (CKA with itself at init ≥ 0.95): "
               + ("its" if len(stuck) == 1 else "their") + " trained rows describe the initialization, "
               "not what training makes of it (see the main table's accuracy).\n\n")
-    state_label = lambda key: (report.label(key.split(" ")[0]) + " " + " ".join(key.split(" ")[1:])  # noqa: E731
-                               if " " in key else report.label(key))
+    state_label = lambda key: (init_label(key.split(" ")[0]) + " " + " ".join(key.split(" ")[1:])  # noqa: E731
+                               if " " in key else init_label(key))
     cka_figures = (f"![CKA, init vs trained](figures/attention/cka_init_vs_trained_{ds}.png)\n\n"
                    f"![CKA between initializers](figures/attention/cka_between_inits_{ds}.png)\n\n")
     return (f"## {ds}\n\n"
@@ -117,14 +118,15 @@ def main():
     a = ap.parse_args()
     params = load_params()
     grid = params["grid"]
-    impulse_inits = [impulse_name(k) for k in grid["kernels"]]
-    inits = list(grid["baselines"]) + impulse_inits
-    missing = [str(seed_dir(Path(a.analysis) / f"{d}-{i}", s)) + ".pt"
-               for d, i, s in itertools.product(grid["datasets"], inits, grid["seeds"])
-               if not seed_dir(Path(a.analysis) / f"{d}-{i}", s).with_suffix(".pt").exists()]
+    inits = cells.main_inits(params)
+    impulse_inits = [i for i in inits if impulse_kernel(i)]
+    missing = [str(seed_dir(Path(a.analysis) / main_cell(d, i), s)) + ".pt"
+               for d, i, s in cells.main_runs(params)
+               if not seed_dir(Path(a.analysis) / main_cell(d, i), s).with_suffix(".pt").exists()]
     if missing:
         raise SystemExit(f"missing analyses for {len(missing)} run(s): {missing}")
-    images = {ds: load_checked(seed_dir(Path(a.analysis) / f"{ds}-{inits[0]}", grid["seeds"][0]).with_suffix(".pt"),
+    first_run = lambda ds: seed_dir(Path(a.analysis) / main_cell(ds, inits[0]), grid["seeds"][0])  # noqa: E731
+    images = {ds: load_checked(first_run(ds).with_suffix(".pt"),
                                "an attention analysis")["images"] for ds in grid["datasets"]}
     sections = [dataset_section(ds, Path(a.analysis), Path(a.figures), inits, impulse_inits,
                                 grid["seeds"], images[ds]) for ds in grid["datasets"]]

@@ -1,4 +1,6 @@
-"""What every stage script shares: reading params.yaml, cell names, atomic writes, timing logs.
+"""What every stage script shares: reading params.yaml, atomic writes, timing logs.
+
+Cell names and which cells params.yaml asks for: structinit/cells.py.
 
 Stages stay thin: parse arguments and params, call structinit, write outputs.
 """
@@ -11,6 +13,7 @@ import sys
 from pathlib import Path
 
 import structinit.params
+from structinit.cells import seed_dir
 from structinit.errors import StructinitError
 from structinit.io import without_timings, write_atomic
 
@@ -18,16 +21,9 @@ TIMINGS_DIR = Path("logs/timings")   # wall-clock times: beside the outputs, nev
 
 
 def run_stage(main) -> None:
-    """Run a stage's main(); under DVC, then leave without tearing the interpreter down.
-
-    Finalizing the module graph of torch + timm + dvclive takes ~1.5 s per process on these
-    2-core machines (`python -m benchmarks.pipeline` shows the per-stage cost), and one
-    `dvc repro` starts 15+ stage processes. When main() returns, every output is written
-    (atomically) and closed; the atexit handlers (logging, tqdm, dvclive) still run and the
-    standard streams are flushed, then the process exits with status 0. Only under DVC
-    (which sets DVC_STAGE): run by hand, e.g. under a profiler, a stage exits normally.
-    Errors take the normal path either way (traceback, non-zero status).
-    """
+    """Run a stage's main(). Under DVC (DVC_STAGE set), skip the interpreter's teardown once
+    every output is written: finalizing torch + timm + dvclive costs ~1.5 s per stage process.
+    atexit handlers still run; errors exit as usual."""
     try:
         main()
     except StructinitError as e:      # bad input, damaged file, diverged run: the message says it all
@@ -49,17 +45,6 @@ def recipe(params: dict, dataset: str) -> dict:
     if dataset not in recipes:
         raise SystemExit(f"no recipe for dataset {dataset!r} in params.yaml (recipes: {sorted(recipes)})")
     return recipes[dataset]
-
-
-def impulse_name(kernel: int) -> str:
-    """Initializer name of the structured init with a k x k kernel, as in cell names."""
-    return f"impulse{kernel}"
-
-
-def seed_dir(group_dir: str | Path, seed: int) -> Path:
-    """One seed's folder inside a stage's output folder: a stage trains or solves every seed of
-    one cell at once (stacked), and each seed keeps its own outputs."""
-    return Path(group_dir) / f"seed{seed}"
 
 
 def seeds_at(params: dict, dotted: str) -> list[int]:

@@ -1,17 +1,17 @@
 """curves: every main-grid cell's training curves -> reports/curves.csv and one figure per
 dataset (reports/figures/curves/<dataset>.png).
 
-The expected cells are rebuilt from params.yaml as aggregate builds them (grid.datasets ×
-(grid.baselines + impulse<k> for k in grid.kernels) × grid.seeds), so a shrunk grid leaves
+The expected cells are rebuilt from params.yaml as aggregate builds them (cells.main_runs:
+grid.datasets × (grid.baselines + impulse<k> per grid.kernels) × grid.seeds), so a shrunk grid leaves
 no stale rows and a missing cell fails the stage, naming it. The CSV feeds `dvc plots show`
 (the top-level plots of dvc.yaml, template .dvc/plots/mean_band.json).
 """
 import argparse
-import itertools
 from pathlib import Path
 
-from stages.common import impulse_name, load_params, run_stage
+from stages.common import load_params, run_stage
 from structinit import curves
+from structinit.cells import main_runs
 from structinit.figures.curves import write_curves_figures
 
 
@@ -21,9 +21,7 @@ def main():
     ap.add_argument("--csv", default="reports/curves.csv")
     ap.add_argument("--figures", default="reports/figures/curves", help="folder: <dataset>.png")
     a = ap.parse_args()
-    grid = load_params()["grid"]
-    inits = list(grid["baselines"]) + [impulse_name(k) for k in grid["kernels"]]
-    cells = list(itertools.product(grid["datasets"], inits, grid["seeds"]))
+    cells = main_runs(load_params())
     table = curves.long_table(Path(a.results), cells)
     curves.write_csv(table, a.csv)
     for path in write_curves_figures(table, a.figures):

@@ -2,11 +2,13 @@
 per seed of grid.seeds (<out>/seed<s>.pt, <record>/seed<s>.json)."""
 import argparse
 
-from stages.common import load_params, log_timings, recipe, run_stage, seed_dir, seeds_at, write_record
+from stages.common import load_params, log_timings, recipe, run_stage, seeds_at, write_record
+from structinit.cells import seed_dir
 from structinit.io import save_checked, without_timings
+from structinit.config import patch_grid_for
 from structinit.data import get_spec
 from structinit.init.impulse import solve_impulse_qk
-from structinit.pipeline import impulse_options, model_grid
+from structinit.build import impulse_options
 
 
 def main():
@@ -21,20 +23,20 @@ def main():
     model_cfg = recipe(params, a.dataset)["model"]
     spec = get_spec(a.dataset)
     for seed in seeds_at(params, a.seeds_from):
-        sol = solve_impulse_qk(model_grid(model_cfg, spec), model_cfg["embed_dim"], model_cfg["num_heads"],
-                               model_cfg["depth"], kernel=a.kernel, seed=seed,
-                               **impulse_options(params["init"]))
+        sol = solve_impulse_qk(patch_grid_for(spec.image_size, model_cfg["patch_size"]),
+                               model_cfg["embed_dim"], model_cfg["num_heads"], model_cfg["depth"],
+                               kernel=a.kernel, seed=seed, **impulse_options(params["solve"]))
         save_checked(seed_dir(a.out, seed).with_suffix(".pt"), without_timings(sol.to_dict()))
         info = sol.solver_info["layer0"]
         log_timings(seed_dir(a.record, seed), {"solve_seconds": sol.solve_seconds})
         write_record(seed_dir(a.record, seed).with_suffix(".json"), {
             "dataset": a.dataset, "kernel": a.kernel, "seed": seed, "solver": sol.options["solver"],
-            "loss": sol.loss, "target_mass": sol.target_mass,
+            "fit_mse": sol.fit_mse, "target_mass": sol.target_mass,
             "solves": sol.solver_info["solves"], "offsets_layer0": sol.offsets[0],
             "steps_run": info.get("steps_run"), "stopped_early": info.get("stopped_early"),
             "model": model_cfg})
         print(f"{a.dataset} k={a.kernel} seed={seed}: {sol.options['solver']} solve in "
-              f"{sol.solve_seconds:.2f}s, mse {sol.loss:.5f}, target mass {sol.target_mass:.3f}")
+              f"{sol.solve_seconds:.2f}s, mse {sol.fit_mse:.5f}, target mass {sol.target_mass:.3f}")
 
 
 if __name__ == "__main__":

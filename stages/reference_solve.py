@@ -1,20 +1,21 @@
 """reference_solve@<dataset>-<kernel>: the official solver's softness, per seed of grid.seeds.
 
 The paper's own loop (10,000 Adam steps, `solve_qk_adam` with its defaults, whatever
-init.solver and init.adam say) on the same shape, offsets and pseudo-input as
+solve.solver and solve.adam say) on the same shape, offsets and pseudo-input as
 preoptimize@<same key>, first block only. The reports put its mass beside the solve that
 ran, so a departure from the official softness is visible. DVC caches it: it re-runs only
 when the model shape, the offsets or the solver code change.
 """
 import argparse
 
-from stages.common import load_params, log_timings, recipe, run_stage, seed_dir, seeds_at, write_record
+from stages.common import load_params, log_timings, recipe, run_stage, seeds_at, write_record
+from structinit.cells import seed_dir
+from structinit.config import patch_grid_for
 from structinit.data import get_spec
 from structinit.init.impulse import solve_impulse_qk
-from structinit.pipeline import model_grid
 
 # The settings that pick the offsets and the pseudo-input: the same as the solve that ran.
-SHARED_WITH_PREOPTIMIZE = ("offsets", "pseudo_input")
+SHARED_WITH_PREOPTIMIZE = ("offset_order", "pseudo_input")
 
 
 def main():
@@ -26,18 +27,19 @@ def main():
     a = ap.parse_args()
     params = load_params()
     model_cfg = recipe(params, a.dataset)["model"]
-    opts = {k: params["init"][k] for k in SHARED_WITH_PREOPTIMIZE}
+    opts = {k: params["solve"][k] for k in SHARED_WITH_PREOPTIMIZE}
+    spec = get_spec(a.dataset)
     for seed in seeds_at(params, a.seeds_from):
-        sol = solve_impulse_qk(model_grid(model_cfg, get_spec(a.dataset)), model_cfg["embed_dim"],
+        sol = solve_impulse_qk(patch_grid_for(spec.image_size, model_cfg["patch_size"]), model_cfg["embed_dim"],
                                model_cfg["num_heads"], 1, kernel=a.kernel, seed=seed, solver="adam", **opts)
         info = sol.solver_info["layer0"]
         log_timings(seed_dir(a.record, seed), {"solve_seconds": sol.solve_seconds})
         write_record(seed_dir(a.record, seed).with_suffix(".json"), {
             "dataset": a.dataset, "kernel": a.kernel, "seed": seed, "solver": "adam (official loop)",
-            "steps_run": info["steps_run"], "loss": sol.loss, "target_mass": sol.target_mass,
+            "steps_run": info["steps_run"], "fit_mse": sol.fit_mse, "target_mass": sol.target_mass,
             "offsets_layer0": sol.offsets[0], "model": model_cfg, **opts})
         print(f"{a.dataset} k={a.kernel} seed={seed}: official solver, {info['steps_run']} steps, "
-              f"mse {sol.loss:.5f}, target mass {sol.target_mass:.3f}")
+              f"mse {sol.fit_mse:.5f}, target mass {sol.target_mass:.3f}")
 
 if __name__ == "__main__":
     run_stage(main)

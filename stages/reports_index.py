@@ -101,7 +101,8 @@ def build_index(reports: Path, datasets: list[str], data_size_datasets: list[str
              "Every file here is written by `dvc repro` (stage names in the main README); this index "
              "by the stage `reports_index`. Numbers are final-epoch test accuracy (%) unless said "
              "otherwise, mean ± std over seeds; every report of results ends with the paper's own "
-             "numbers, labelled as the paper's (side by side where the dataset is the paper's).", "", QUESTIONS.format(**blocks), "## Tables", ""]
+             "numbers, labelled as the paper's (side by side where the dataset is the paper's).", "",
+             QUESTIONS.format(**blocks), "## Tables", ""]
     lines += [f"- {link(name)}: {what}" for name, what in TABLES]
     lines += ["", "## Figures", ""]
     for ds in datasets:

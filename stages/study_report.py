@@ -8,52 +8,50 @@ Cells the main grid already trained (the structured init with the main init sett
 recipe's own model shape) are read from results/train, not trained again.
 """
 import argparse
-import itertools
 import os
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
-from stages.common import load_params, read_cell, recipe, run_stage, seed_dir, write_text
+from stages.common import load_params, read_cell, recipe, run_stage, write_text
 from structinit import report, stats
-from structinit.config import FILTER_MODES, pseudo_variant
+from structinit.cells import STUDIES, Run, init_label, main_variant, study_runs
+from structinit.config import FILTER_MODES
 from structinit.datasets import get_spec
 from structinit.steps import steps_per_epoch
-
-STUDIES = ("convmixer", "pseudo_input", "heads_width", "data_size")
 
 
 SOFTNESS_CAVEAT = (
     "Softness: the closed form follows the official solver's softness for the P pseudo-input "
     "(softness law). On U, G, A and B the official solver's maps are sharper (digits shape: "
     "benchmarks/softness_law.csv), so the non-P rows compare pseudo-inputs at P's softness; "
-    "`-S init.solver=adam` runs the official solver on each.\n\n")
+    "`-S solve.solver=adam` runs the official solver on each.\n\n")
 
 
 def _what_ran(params, study, extra=""):
     s = params["studies"][study]
-    return ("What ran: " + report.what_ran(params, s["datasets"], s["seeds"], extra, vit=study != "convmixer") + " Final-epoch test "
+    return ("What ran: " + report.what_ran(params, s["datasets"], s["seeds"], extra, vit=study != "convmixer")
+            + " Final-epoch test "
             "accuracy (%), mean ± std over seeds, 95% CI = t-interval of the mean, n = seeds.")
 
 
-def _collect(expected, logged=()):
-    """expected: [(cell folder, seed, fields)] -> DataFrame; fails naming every missing run.
+def _collect(runs: list[Run], logged=()):
+    """runs (cells.study_runs) -> DataFrame; fails naming every missing run.
     logged: keys of each run's logged params (its params.yaml) to add as columns."""
-    missing = [str(seed_dir(p, s)) for p, s, _ in expected if not (seed_dir(p, s) / "metrics.json").exists()]
+    missing = [str(r.dir) for r in runs if not (r.dir / "metrics.json").exists()]
     if missing:
         raise SystemExit(f"missing results for {len(missing)} run(s): {missing}")
 
-    def params_of(p, s):
-        run = yaml.safe_load((seed_dir(p, s) / "params.yaml").read_text()) if logged else {}
-        return {k: run[k] for k in logged}
-    return pd.DataFrame([{**fields, **read_cell(p, s)[0], **params_of(p, s)} for p, s, fields in expected])
+    def params_of(r):
+        logged_params = yaml.safe_load((r.dir / "params.yaml").read_text()) if logged else {}
+        return {k: logged_params[k] for k in logged}
+    return pd.DataFrame([{**r.fields, **read_cell(r.folder, r.seed)[0], **params_of(r)} for r in runs])
 
 
 def convmixer(params, main, studies):
     s = params["studies"]["convmixer"]
-    cells = _collect([(studies / "convmixer" / f"{d}-{z}-{m}", seed, dict(dataset=d, size=z, mode=m))
-                      for d, z, m, seed in itertools.product(s["datasets"], s["sizes"], s["modes"], s["seeds"])])
+    cells = _collect(study_runs(params, "convmixer", main, studies))
     sizes = "; ".join(f"{z} = {params['convmixer_sizes'][z]}" for z in s["sizes"])
     return ("# ConvMixer: learned vs frozen spatial filters\n\n"
             "Why impulse filters: depthwise k×k filters learned, or frozen random U(±1/k), frozen "
@@ -71,24 +69,18 @@ def convmixer(params, main, studies):
 
 def pseudo_input(params, main, studies):
     s = params["studies"]["pseudo_input"]
-    k, init = s["kernel"], params["init"]
-    main_variant = pseudo_variant(init["pseudo_input"], init["pseudo_input_rest"], init["per_layer"])
-    expected = [(studies / "pseudo_input" / f"{d}-{v}", seed, dict(dataset=d, variant=v, solve="study"))
-                for d, v, seed in itertools.product(s["datasets"], s["variants"], s["seeds"])]
-    expected += [(main / f"{d}-impulse{k}", seed, dict(dataset=d, variant=main_variant, solve="main grid"))
-                 for d, seed in itertools.product(s["datasets"], s["seeds"])
-                 if main_variant not in s["variants"]]
-    cells = _collect(expected)
-    variants = list(dict.fromkeys([main_variant] + list(s["variants"])))
+    k, main_row = s["kernel"], main_variant(params)
+    cells = _collect(study_runs(params, "pseudo_input", main, studies))
+    variants = list(dict.fromkeys([main_row] + list(s["variants"])))
     cells["kernel"] = f"Imp.-{k}"
     label = lambda v: (f"{v[0]} → {v[1]}, " + ("per-layer" if v.endswith("L") else "shared")  # noqa: E731
-                       + (" (main grid)" if v == main_variant else ""))
+                       + (" (main grid)" if v == main_row else ""))
     return ("# Pseudo-input ablation for the structured init\n\n"
             "Pseudo-input of the first block → of the later blocks (P: sin-cos encoding, U: uniform, "
             "G: truncated normal, A = P+U, B = P+G), one Q/K solve shared by every block or one per "
             "block. paper = CIFAR-10, PE everywhere with shared Q/K.\n\n"
             + _what_ran(params, "pseudo_input", f"Kernel {k}") + "\n\n"
-            + (SOFTNESS_CAVEAT if init["solver"] == "closed_form" else "")
+            + (SOFTNESS_CAVEAT if params["solve"]["solver"] == "closed_form" else "")
             + report.study_table(cells, "variant", "kernel", variants, [f"Imp.-{k}"],
                                  {"PP": {"Imp.-3": report.PAPER_PSEUDO_INPUT["PP"]}}, "cifar10",
                                  row_label=label) + "\n\n"
@@ -103,11 +95,8 @@ def pseudo_input(params, main, studies):
 
 def heads_width(params, main, studies):
     s = params["studies"]["heads_width"]
-    expected = [(studies / "heads_width" / f"{d}-{z}-{i}", seed, dict(dataset=d, shape=z, init=i))
-                for d, z, i, seed in itertools.product(s["datasets"], s["shapes"], s["inits"], s["seeds"])]
-    expected += [(main / f"{d}-{i}", seed, dict(dataset=d, shape="recipe", init=i))
-                 for d, i, seed in itertools.product(s["datasets"], s["inits"], s["seeds"])]
-    cells = _collect(expected)
+    cells = _collect(study_runs(params, "heads_width", main, studies))
+    paper_inits = list(next(iter(report.PAPER_HEADS_WIDTH.values())))  # trunc_normal, mimetic, impulse3
     shapes = ["recipe"] + list(s["shapes"])
     desc = "; ".join(f"{z} = {params['model_shapes'][z]}" for z in s["shapes"])
     recipes = "; ".join(f"{d} recipe = {recipe(params, d)['model']}" for d in s["datasets"])
@@ -116,13 +105,13 @@ def heads_width(params, main, studies):
             "cells. paper = CIFAR-100 numbers quoted from the paper.\n\n"
             + _what_ran(params, "heads_width", f"{recipes}; {desc}") + "\n\n"
             + report.study_table(cells, "shape", "init", shapes, list(s["inits"]),
-                                 report.PAPER_HEADS_WIDTH, "cifar100", col_label=report.label) + "\n\n"
-            + stats.conclusions_block(report.pairwise_comparisons(cells, "init", within="shape"), report.label)
+                                 report.PAPER_HEADS_WIDTH, "cifar100", col_label=init_label) + "\n\n"
+            + stats.conclusions_block(report.pairwise_comparisons(cells, "init", within="shape"), init_label)
             + "\n" + report.paper_block(
                 "heads and width on CIFAR-100 (top-1 %, quoted from the paper)",
-                {"recipe (ViT-T/h3)": {i: report.PAPER_MAIN[i]["cifar100"] for i in ("trunc_normal", "mimetic", "impulse3")},
+                {"recipe (ViT-T/h3)": {i: report.PAPER_MAIN[i]["cifar100"] for i in paper_inits},
                  **report.PAPER_HEADS_WIDTH},
-                {i: report.label(i) for i in ("trunc_normal", "mimetic", "impulse3")},
+                {i: init_label(i) for i in paper_inits},
                 "Single runs; the recipe row is the main table's CIFAR-100 column.", row_label=str))
 
 
@@ -130,7 +119,7 @@ def data_size(params, main, studies, out, figures):
     from structinit.figures.data_size import write_data_size_figures  # matplotlib: this study only
 
     s = params["studies"]["data_size"]
-    cells = _data_size_cells(s, main, studies)
+    cells = _data_size_cells(params, main, studies)
     sizes = list(dict.fromkeys(cells["size"]))
     images = lambda z: z.replace(" (", " images (", 1)  # noqa: E731  "144 images (10 %)"
     held = "; ".join(f"{d} {images(z)}: {g.epochs.iloc[0]} epochs × {g.steps_per_epoch.iloc[0]} = "
@@ -151,9 +140,9 @@ def data_size(params, main, studies, out, figures):
             + _what_ran(params, "data_size", f"Steps held: {held}") + "\n\n"
             + report.schedule_table(cells) + "\n\n"
             + report.study_table(cells, "init", "size", list(s["inits"]), sizes,
-                                 row_label=report.label, col_label=images) + "\n\n"
+                                 row_label=init_label, col_label=images) + "\n\n"
             + figures_md
-            + stats.conclusions_block(report.pairwise_comparisons(cells, "init", within="size"), report.label)
+            + stats.conclusions_block(report.pairwise_comparisons(cells, "init", within="size"), init_label)
             + _gap_block(cells, s, images)
             + "\n" + report.paper_main_block(s["inits"], note=(
                 "The paper has no data-size study. Its datasets differ in size and, for ImageNet-1K, "
@@ -161,14 +150,11 @@ def data_size(params, main, studies, out, figures):
                 + report.paper_gaps(s["inits"]) + ".")))
 
 
-def _data_size_cells(s, main, studies):
+def _data_size_cells(params, main, studies):
     """Every run of the study and its 100 % points (the main grid's cells), with what each ran:
     its training images (logged), the epochs it logged metrics for, and the optimizer steps."""
-    expected = [(studies / "data_size" / f"{d}-{f}-{i}", seed, dict(dataset=d, fraction=f, init=i))
-                for d, f, i, seed in itertools.product(s["datasets"], s["fractions"], s["inits"], s["seeds"])]
-    expected += [(main / f"{d}-{i}", seed, dict(dataset=d, fraction=1.0, init=i))
-                 for d, i, seed in itertools.product(s["datasets"], s["inits"], s["seeds"])]
-    cells = _collect(expected, logged=("train_images", "batch_size", "warmup_epochs", "eval_every"))
+    cells = _collect(study_runs(params, "data_size", main, studies),
+                     logged=("train_images", "batch_size", "warmup_epochs", "eval_every"))
     cells["steps_per_epoch"] = [steps_per_epoch(n, b) for n, b in zip(cells.train_images, cells.batch_size)]
     cells["steps"] = cells.epochs * cells.steps_per_epoch
     cells = cells.sort_values(["dataset", "train_images"], kind="stable").reset_index(drop=True)
@@ -193,11 +179,11 @@ def _gap_block(cells, s, condition) -> str:
             "the same difference on the main grid's set (difference of differences: t-test with "
             "Welch-Satterthwaite degrees of freedom, Holm-corrected over the dataset's tests); a "
             "change is stated only when the corrected p < 0.05.\n\n"
-            + "\n".join(stats.gap_change_lines(changes, report.label, condition)) + "\n"
-            + _near_chance_note(cells))
+            + "\n".join(stats.gap_change_lines(changes, init_label, condition)) + "\n"
+            + near_chance_caveat(cells))
 
 
-def _near_chance_note(cells) -> str:
+def near_chance_caveat(cells) -> str:
     """A generated caveat when the reference of the gaps never left chance: its 'gap' is then the
     other initializer's accuracy, not a difference between two trained models."""
     notes = []

@@ -19,16 +19,15 @@ from pathlib import Path
 
 from dvclive import Live
 
-from stages.common import (load_params, log_timings, recipe, run_stage, seed_dir, seeds_at,
-                           write_record)
-from structinit.io import save_torch, without_timings
+from stages.common import load_params, log_timings, recipe, run_stage, seeds_at, write_record
 from structinit import ImageData, TrainConfig, stratified_subset
+from structinit.build import impulse_options, initialized_vit, load_impulse_solution
+from structinit.cells import IMPULSE, parse_init, parse_pseudo_variant, seed_dir, solve_cell
 from structinit.datasets import STREAMED, get_spec
 from structinit.distributed import DistributedContext, relaunch_under_torchrun, requested_micro_batch
 from structinit.imagenet import manifest_labels
-from structinit.io import load_checked
+from structinit.io import load_checked, save_torch, without_timings
 from structinit.models import create_convmixer
-from structinit.pipeline import impulse_options, initialized_vit, load_impulse_solution, parse_pseudo_variant
 from structinit.steps import match_steps, steps_per_epoch, total_steps
 from structinit.train import train_models
 
@@ -58,11 +57,15 @@ def parse_args():
                       help="with --train-fraction: as many optimizer steps as the main grid's run "
                            "(epochs, warm-up and eval_every scaled: structinit/steps.py)")
     a = ap.parse_args()
-    if a.init and a.init.startswith("impulse") and a.init != "impulse":
-        a.kernel, a.init = int(a.init.removeprefix("impulse")), "impulse"
+    if a.init and a.init != IMPULSE:                # a cell's name for it: mimetic, impulse3, ...
+        try:
+            a.init, kernel = parse_init(a.init)
+        except ValueError as e:
+            ap.error(f"--init: {e}")
+        a.kernel = kernel if kernel is not None else a.kernel
     if bool(a.init) == bool(a.convmixer):
         ap.error("give either --init (ViT) or --convmixer SIZE --filter-mode MODE")
-    if a.init == "impulse" and a.solutions is None and a.kernel is None:
+    if a.init == IMPULSE and a.solutions is None and a.kernel is None:
         ap.error("--init impulse needs --kernel or --solutions")
     if a.train_fraction is not None and not 0 < a.train_fraction < 1:
         ap.error(f"--train-fraction {a.train_fraction}: must be in (0, 1); 1 is the main grid's cell")
@@ -87,13 +90,13 @@ def build(a, params, rec, spec, seed):
             raise SystemExit(f"unknown model shape {a.shape!r}; model_shapes has {sorted(shapes)}")
         model_cfg.update(shapes[a.shape])
     options = {}
-    if a.init == "impulse":
+    if a.init == IMPULSE:
         if a.solutions:
             options["solution"] = load_impulse_solution(
-                seed_dir(a.solutions, seed).with_suffix(".pt"),
-                f"a pre-optimization artifact: re-create it with dvc repro -f preoptimize@{a.dataset}-{a.kernel}")
+                seed_dir(a.solutions, seed).with_suffix(".pt"), "a pre-optimization artifact: re-create "
+                f"it with dvc repro -f preoptimize@{solve_cell(a.dataset, a.kernel)}")
         else:
-            options = {**impulse_options(params["init"]), "kernel": a.kernel,
+            options = {**impulse_options(params["solve"]), "kernel": a.kernel,
                        **(parse_pseudo_variant(a.pseudo) if a.pseudo else {})}
     model, record = initialized_vit(model_cfg, spec, a.init, seed, **options)
     return model, {"model": "vit", **model_cfg, **record.to_dict()}

@@ -8,6 +8,8 @@ Where things are:
     structinit/attention.py      attention maps and mass on each head's offset
     structinit/analysis.py       a model's attention and representations (reports/attention.md)
     structinit/cka.py            linear CKA between layers of models
+    structinit/cells.py          which cells params.yaml asks for, and their names
+    structinit/build.py          a cell's model and init options from params.yaml
     structinit/data.py           dataset registry (digits, cifar10, cifar100, svhn)
     structinit/train.py          the trainer: several models of one cell at once (train_models)
     structinit/stacked.py        N models of one architecture run as one (torch.func.vmap)
@@ -19,28 +21,34 @@ Where things are:
 
 The names below are imported on first use (PEP 562), not at `import structinit`: timm and
 torchvision take ~4 s to import, and the stages that never build a model (download,
-aggregate, the study reports) should not pay for them on every `dvc repro`.
+aggregate, the study reports) should not pay for them on every `dvc repro`. The one list of
+them is the TYPE_CHECKING block at the end (what type checkers and IDEs read); the lazy
+loader reads the same block.
 """
 from __future__ import annotations
 
+import ast
 import importlib
+import pkgutil
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .numerics import pin_cpu_numerics
 
 pin_cpu_numerics()      # before any torch kernel runs: same bytes on every x86-64 CPU (numerics.py)
 
-_EXPORTS = {
-    ".attention": ("AttentionMaps", "attention_maps"),
-    ".data": ("DATASETS", "ImageData", "get_spec", "prepare_dataset", "stratified_subset"),
-    ".init": ("METHODS", "ImpulseSolution", "InitRecord", "initialize", "solve_impulse_qk"),
-    ".models": ("FILTER_MODES", "VIT_T2", "create_convmixer", "create_vit"),
-    ".train": ("TrainConfig", "default_device", "train_model", "train_models"),
-}
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-_SUBMODULES = ("analysis", "attention", "augment", "cka", "config", "cpu_chunks", "curves", "data",
-               "datasets", "errors", "figures", "init", "io", "models", "numerics", "params", "pipeline",
-               "report", "stacked", "stats", "steps", "train")
+
+def _type_checking_imports() -> dict[str, str]:
+    """name -> ".module" of every `from .module import name` under `if TYPE_CHECKING:` below."""
+    tree = ast.parse(Path(__file__).read_text())
+    block = next(node for node in tree.body if isinstance(node, ast.If)
+                 and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+    return {alias.name: "." + node.module for node in block.body if isinstance(node, ast.ImportFrom)
+            for alias in node.names}
+
+
+_MODULE_OF = _type_checking_imports()
+_SUBMODULES = tuple(m.name for m in pkgutil.iter_modules(__path__))
 __all__ = list(_MODULE_OF)
 
 
@@ -58,9 +66,9 @@ def __dir__():
     return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))
 
 
-if TYPE_CHECKING:                               # for type checkers and IDEs
+if TYPE_CHECKING:                               # the public names (read by _type_checking_imports)
     from .attention import AttentionMaps, attention_maps
     from .data import DATASETS, ImageData, get_spec, prepare_dataset, stratified_subset
     from .init import METHODS, ImpulseSolution, InitRecord, initialize, solve_impulse_qk
-    from .models import FILTER_MODES, VIT_T2, create_convmixer, create_vit
+    from .models import FILTER_MODES, VIT_T2_CIFAR, create_convmixer, create_vit
     from .train import TrainConfig, default_device, train_model, train_models

@@ -1,6 +1,6 @@
 """What a ViT's attention and representations look like: the numbers behind reports/attention.md.
 
-    analyze_model(model, images) -> ModelAnalysis   one model (at init or trained)
+    analyze_model(model, images, offsets) -> ModelAnalysis   one model (at init or trained)
     test_batch(data, count)      -> (B, C, H, W)     the first `count` test images, normalized
 
 A ModelAnalysis keeps, per block and head, the *offset profile* (mean attention a query puts on
@@ -51,10 +51,12 @@ def test_batch(data, count: int | None) -> torch.Tensor:
 
 
 @torch.no_grad()
-def analyze_model(model, images: torch.Tensor, batch_size: int = 256) -> ModelAnalysis:
+def analyze_model(model, images: torch.Tensor, offsets: list | None = None,
+                  batch_size: int = 256) -> ModelAnalysis:
     """Attention statistics of `model` on the pseudo-input and on `images` (B, C, H, W), in
-    batches of `batch_size` (maps are averaged over all images, weighting every image alike)."""
-    pseudo = attention_maps(model)
+    batches of `batch_size` (maps are averaged over all images, weighting every image alike).
+    offsets: the structured init's (InitRecord.offsets), for the mass on each head's offset."""
+    pseudo = attention_maps(model, offsets=offsets)
     chunks = images.split(batch_size)
     on_images = [attention_maps(model, x, offsets=pseudo.offsets) for x in chunks]
     weights = [len(x) / len(images) for x in chunks]

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .models.vit import check_structured_vit, patch_grid
+from .models.vit import check_structured_vit, patch_grid_of
 
 
 @dataclass
 class AttentionMaps:
     maps: torch.Tensor          # (L, H, N, N), averaged over images when images were given
-    grid: tuple[int, int]
+    patch_grid: tuple[int, int]
     offsets: list | None        # offsets[l][h] = (m, n), or None when unknown
 
     def offset_mass(self) -> torch.Tensor:
@@ -24,7 +24,7 @@ class AttentionMaps:
         Index [.., m + gh - 1, n + gw - 1]; averaged over queries whose shifted key is on
         the grid, so every offset is compared on equal terms.
         """
-        gh, gw = self.grid
+        gh, gw = self.patch_grid
         i, j = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
         i, j = i.flatten(), j.flatten()                        # (N,)
         m = torch.arange(-gh + 1, gh)[:, None, None]           # (2gh-1, 1, 1)
@@ -40,7 +40,7 @@ class AttentionMaps:
         """(L, H): mean attention distance in patches, sum_j a_ij * ||p_i - p_j|| averaged over
         queries i (p = (row, col) on the patch grid). 0 = every query attends to itself; a
         head that is a pure shift by (m, n) gives sqrt(m^2 + n^2)."""
-        gh, gw = self.grid
+        gh, gw = self.patch_grid
         i, j = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
         pos = torch.stack([i.flatten(), j.flatten()], -1).float()          # (N, 2)
         dist = torch.cdist(pos, pos)                                        # (N, N)
@@ -50,7 +50,7 @@ class AttentionMaps:
         """(L, H): mass on each head's own offset (needs offsets)."""
         if self.offsets is None:
             raise ValueError("no offsets known for this model: pass offsets= to attention_maps")
-        gh, gw = self.grid
+        gh, gw = self.patch_grid
         prof = self.offset_mass()
         return torch.tensor([[prof[l, h, m + gh - 1, n + gw - 1].item()
                               for h, (m, n) in enumerate(layer)]
@@ -64,11 +64,9 @@ def attention_maps(model, images: torch.Tensor | None = None, offsets=None) -> A
     images=None: each block's attention on the pseudo-input, i.e. block.norm1 applied to the
     model's position encoding (what the structured init was solved on). With images, the
     maps each block computes in a real forward pass, averaged over the batch.
-    offsets defaults to those the impulse init recorded on the model.
+    offsets: offsets[l][h] = (m, n) of each head's impulse (InitRecord.offsets), for target_mass().
     """
     check_structured_vit(model)
-    if offsets is None:
-        offsets = getattr(model, "impulse_offsets", None)
     maps = []
     if images is None:
         pe = model.pos_embed                                   # (1, N, C)
@@ -79,7 +77,7 @@ def attention_maps(model, images: torch.Tensor | None = None, offsets=None) -> A
         eval_forward_with_hooks(model, images, lambda block: block.attn.register_forward_pre_hook(
             lambda m, args: inputs.append(args[0])))
         maps = [_block_attention(b.attn, x).mean(0) for b, x in zip(model.blocks, inputs)]
-    return AttentionMaps(torch.stack(maps).float(), patch_grid(model), offsets)
+    return AttentionMaps(torch.stack(maps).float(), patch_grid_of(model), offsets)
 
 
 def eval_forward_with_hooks(model, images: torch.Tensor, register) -> None:

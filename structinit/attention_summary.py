@@ -11,7 +11,7 @@ import numpy as np
 from tabulate import tabulate
 
 from .cka import cka_matrix
-from .report import label
+from .cells import init_label
 
 STATES = ("at_init", "trained")
 SOURCES = ("images", "pseudo")
@@ -30,7 +30,7 @@ def target_mass(runs, inits, seeds) -> dict:
 
 def target_mass_table(mass: dict) -> str:
     cols = [("at_init", "pseudo"), ("at_init", "images"), ("trained", "pseudo"), ("trained", "images")]
-    rows = [[label(i)] + [mean_std(m[c]) for c in cols] for i, m in mass.items()]
+    rows = [[init_label(i)] + [mean_std(m[c]) for c in cols] for i, m in mass.items()]
     return tabulate(rows, headers=["init", "pseudo-input, at init", "test images, at init",
                                    "pseudo-input, trained", "test images, trained"],
                     tablefmt="github", disable_numparse=True)
@@ -50,9 +50,9 @@ def distance_table(dist: dict, uniform: float) -> str:
     rows = []
     for init, d in dist.items():
         before, after = d[("at_init", "images")], d[("trained", "images")]
-        spread = lambda b: after[:, b].std(ddof=1) if len(after) > 1 else 0.0  # noqa: E731
-        rows.append([label(init)] + [f"{before[:, b].mean():.2f} → {after[:, b].mean():.2f} (± {spread(b):.2f})"
-                                     for b in range(depth)])
+        spread = [after[:, b].std(ddof=1) if len(after) > 1 else 0.0 for b in range(depth)]
+        rows.append([init_label(init)] + [f"{before[:, b].mean():.2f} → {after[:, b].mean():.2f} (± {spread[b]:.2f})"
+                                          for b in range(depth)])
     rows.append(["uniform attention"] + [f"{uniform:.2f}"] * depth)
     return tabulate(rows, headers=["init"] + [f"block {b + 1}: at init → trained (± std)" for b in range(depth)],
                     tablefmt="github", disable_numparse=True)
@@ -82,7 +82,7 @@ def cka_table(init_vs_trained: dict, between: dict) -> str:
     def others(i, b):
         return np.mean([m[b, b] for pair, m in between.items() if i in pair]) if between else float("nan")
 
-    rows = [[label(i)] + [f"{init_vs_trained[i][b, b]:.2f}" for b in range(depth)]
+    rows = [[init_label(i)] + [f"{init_vs_trained[i][b, b]:.2f}" for b in range(depth)]
             + [f"{others(i, b):.2f}" for b in range(depth)] for i in inits]
     return tabulate(rows, headers=["init"] + [f"block {b + 1}: at init vs trained" for b in range(depth)]
                     + [f"block {b + 1}: vs other inits, trained (mean)" for b in range(depth)],

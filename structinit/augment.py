@@ -46,15 +46,21 @@ def _sharpen_source(img):
     return out
 
 
-def _autocontrast(img):
+def autocontrast(img: torch.Tensor) -> torch.Tensor:
+    """PIL's ImageOps.autocontrast (no cutoff) for a whole batch: each channel of each image
+    stretched linearly so that its darkest pixel becomes 0 and its brightest 255; a flat
+    channel is left as it is. img (B, C, H, W) float in [0, 255]; PIL's result to within 1
+    (PIL truncates through a lookup table)."""
     lo = img.amin(dim=(2, 3), keepdim=True)
     hi = img.amax(dim=(2, 3), keepdim=True)
     scale = torch.where(hi > lo, 255 / (hi - lo).clamp(min=1e-3), torch.ones_like(hi))
     return torch.where(hi > lo, (img - lo) * scale, img).clamp(0, 255)
 
 
-def _equalize(img):
-    """PIL's per-channel histogram equalization, for a whole batch at once."""
+def equalize(img: torch.Tensor) -> torch.Tensor:
+    """PIL's ImageOps.equalize for a whole batch at once: each channel of each image
+    histogram-equalized, exactly as PIL does it. img (B, C, H, W) float in [0, 255] (rounded to
+    integer levels first); returns integer levels as floats."""
     b, c, h, w = img.shape
     flat = img.round().clamp(0, 255).long().view(b * c, h * w)
     hist = torch.zeros(b * c, 256, device=img.device).scatter_add_(1, flat, torch.ones_like(flat, dtype=torch.float))
@@ -105,8 +111,8 @@ def rand_augment(img: torch.Tensor, policy: RandAugmentPolicy, generator: torch.
         factor = col(1 + sign * mag / 10 * 0.9)
         bits = col(4 - (mag / 10 * 4).floor())
         candidates = {
-            "AutoContrast": lambda: _autocontrast(img),
-            "Equalize": lambda: _equalize(img),
+            "AutoContrast": lambda: autocontrast(img),
+            "Equalize": lambda: equalize(img),
             "Invert": lambda: 255 - img,
             "Posterize": lambda: (img / 2 ** (8 - bits)).floor() * 2 ** (8 - bits),
             "Solarize": lambda: torch.where(img >= col(256 - (mag / 10 * 256).floor()), 255 - img, img),

@@ -3,7 +3,8 @@
 params.yaml's schema (params.py) checks a file against these before any stage imports torch,
 so they live here, once, and the modules that act on them import them from here:
 TrainConfig (the trainer's recipe), RandAugmentPolicy (its augmentation string), and the names
-of initializers, ConvMixer filter modes, pseudo-inputs, offset orders, solvers and AMP modes.
+of initializers, ConvMixer filter modes, pseudo-inputs, offset orders, solvers, the structured
+init's solve options and AMP modes.
 """
 from __future__ import annotations
 
@@ -15,7 +16,15 @@ FILTER_MODES = ("learned", "random", "impulse", "box")                # ConvMixe
 PSEUDO_INPUTS = ("P", "U", "G", "A", "B")         # P sin-cos PE, U uniform, G gaussian, A=P+U, B=P+G
 OFFSET_ORDERS = ("random", "fixed")               # how heads get their (m, n) offsets
 SOLVER_NAMES = ("adam", "closed_form")            # keys of init/solvers.py's SOLVERS
+# solve_impulse_qk's options that params.yaml's `solve` section sets (beside one sub-section
+# per solver): the schema, the stages and initialize() all take the names from here
+IMPULSE_SOLVE_OPTIONS = ("solver", "offset_order", "pseudo_input", "pseudo_input_rest", "per_layer")
 AMP_MODES = ("auto", "bf16", "off")
+
+
+def patch_grid_for(image_size: int, patch_size: int) -> tuple[int, int]:
+    """(H, W) of the patch grid of a square image (models.vit.patch_grid_of reads a built model's)."""
+    return image_size // patch_size, image_size // patch_size
 
 
 def check_kernel(kernel: int, grid: tuple[int, int]) -> None:
@@ -25,26 +34,6 @@ def check_kernel(kernel: int, grid: tuple[int, int]) -> None:
     if kernel > min(grid):
         raise ValueError(f"kernel={kernel} is larger than the {grid[0]}x{grid[1]} patch grid; "
                          f"allowed: odd sizes up to {min(grid) - (1 - min(grid) % 2)}")
-
-
-def pseudo_variant(pseudo_input: str, pseudo_input_rest: str | None, per_layer: bool) -> str:
-    """Impulse options -> their pseudo-input ablation cell name (parse_pseudo_variant's inverse)."""
-    return pseudo_input + (pseudo_input_rest or pseudo_input) + ("L" if per_layer else "")
-
-
-def parse_pseudo_variant(variant: str) -> dict:
-    """Pseudo-input ablation cell name -> impulse options.
-
-    "<first><rest>[L]": pseudo-input of block 0, of the later blocks (P, U, G, A, B), and an
-    optional "L" for a per-layer solve (default: one shared solve). "PP" is the main grid's
-    structured init; "UPL" = U for block 0, P after, each block solved afresh.
-    """
-    per_layer = variant.endswith("L")
-    core = variant[:-1] if per_layer else variant
-    if len(core) != 2 or any(c not in PSEUDO_INPUTS for c in core):
-        raise ValueError(f"pseudo-input variant {variant!r}: expected two of {PSEUDO_INPUTS} "
-                         "(first block, later blocks) and an optional 'L' (per-layer solve), e.g. 'UP', 'PPL'")
-    return {"pseudo_input": core[0], "pseudo_input_rest": core[1], "per_layer": per_layer}
 
 
 @dataclass(frozen=True)

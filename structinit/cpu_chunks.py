@@ -76,8 +76,9 @@ class ChunkedBackward:
     def __init__(self, stack: StackedModels, chunks: int,
                  loss_and_grads: Callable[[StackedModels, torch.Tensor, torch.Tensor], tuple]):
         """loss_and_grads(stack, x, y) -> (grads {name: (N, ...)}, each model's mean loss (N,),
-        logits (N, B, classes)): the trainer's own, run on each chunk's thread (so whatever it
-        enters, e.g. autocast, which is per thread, applies there) with that thread's replica."""
+        logits (N, B, classes)): the trainer's own (train.loss_and_grads), run on each chunk's
+        thread (so whatever it enters, e.g. autocast, which is per thread, applies there) with
+        that thread's replica."""
         self.chunks, self.loss_and_grads = chunks, loss_and_grads
         # functional_call swaps tensors into its module while it runs: one module per thread.
         self.replicas = [stack] + [stack.replica() for _ in range(chunks - 1)]

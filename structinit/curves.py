@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .cells import main_cell, seed_dir
 from .errors import StructinitError
 from .io import write_atomic
 
@@ -29,12 +30,12 @@ def _tsv(run: Path, split: str, name: str) -> Path:
 
 def seed_run(results: str | Path, dataset: str, init: str, seed: int) -> Path:
     """One seed's dvclive folder, as the training stages write it."""
-    return Path(results) / f"{dataset}-{init}" / f"seed{seed}"
+    return seed_dir(Path(results) / main_cell(dataset, init), seed)
 
 
 def missing_runs(results: str | Path, cells: list[tuple[str, str, int]]) -> list[str]:
     """The cells (named <dataset>-<init>-<seed>, as in aggregate's errors) lacking a curve file."""
-    return [f"{d}-{i}-{s}" for d, i, s in cells
+    return [f"{main_cell(d, i)}-{s}" for d, i, s in cells
             if not all(_tsv(seed_run(results, d, i, s), m.split("_")[0], m.split("_")[1]).exists()
                        for m in METRICS)]
 

@@ -20,13 +20,13 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator,
                       model_validator)
 
-from .config import (FILTER_MODES, METHODS, OFFSET_ORDERS, PSEUDO_INPUTS, SOLVER_NAMES, TrainConfig,
-                     check_kernel, parse_pseudo_variant, pseudo_variant)
+from . import cells
+from .cells import BASELINES, impulse_init, impulse_kernel, parse_pseudo_variant
+from .config import (FILTER_MODES, OFFSET_ORDERS, PSEUDO_INPUTS, SOLVER_NAMES, TrainConfig,
+                     check_kernel, patch_grid_for)
 from .datasets import DATASETS, STREAMED, TRAIN_IMAGES
 from .errors import StructinitError
 from .steps import subset_size
-
-BASELINES = tuple(m for m in METHODS if m != "impulse")   # kernel-independent initializers
 
 
 class ParamsError(StructinitError, ValueError):
@@ -74,9 +74,12 @@ class Adam(_Section):                    # keyword options of init/solvers.solve
 
 
 class Init(_Section):
-    kernel: PosInt
+    kernel: PosInt                       # the headline Imp.-k row
+
+
+class Solve(_Section):                   # solve_impulse_qk's options (IMPULSE_SOLVE_OPTIONS) + each solver's
     solver: Literal[SOLVER_NAMES]
-    offsets: Literal[OFFSET_ORDERS]
+    offset_order: Literal[OFFSET_ORDERS]
     pseudo_input: Literal[PSEUDO_INPUTS]
     pseudo_input_rest: Optional[Literal[PSEUDO_INPUTS]]
     per_layer: bool
@@ -158,9 +161,7 @@ class PseudoInputStudy(_Section):
 
 def _initializers(inits: list) -> list:
     for name in inits:
-        if name not in BASELINES and _impulse_kernel(name) is None:
-            raise ValueError(f"{name!r} is not an initializer; allowed: {list(BASELINES)} "
-                             "or impulse<k> (the structured init, k x k kernel, e.g. impulse3)")
+        cells.parse_init(name)                      # its ValueError names what is allowed
     return inits
 
 
@@ -208,18 +209,13 @@ class ShapeOverride(_Section):           # a partial VitModel
 class Params(_Section):
     grid: Grid
     init: Init
+    solve: Solve
     data: Data
     recipes: dict[Dataset, Recipe]
     studies: Studies
     convmixer_sizes: dict[str, ConvmixerSize]
     model_shapes: dict[str, ShapeOverride]
     local_datasets: LocalDatasets = LocalDatasets()
-
-
-def _impulse_kernel(name: str) -> int | None:
-    """"impulse5" -> 5; None for anything else."""
-    rest = name.removeprefix("impulse")
-    return int(rest) if rest != name and rest.isdigit() else None
 
 
 # ---- the rules across keys -------------------------------------------------------------------
@@ -244,7 +240,7 @@ def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
                         "to its folder (ILSVRC layout: train/<wnid>/*.JPEG, val/<wnid>/*.JPEG)"))
     size = p.data.train_size
     if isinstance(size, int):
-        for path, d in sorted(used):
+        for _, d in sorted(used):
             if size < DATASETS[d].num_classes:
                 out.append(("data.train_size", size, f"a count must be at least {d}'s "
                             f"{DATASETS[d].num_classes} classes (one image per class); 1.0 = all"))
@@ -262,7 +258,8 @@ def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
             out += _kernel_problems("studies.pseudo_input.kernel", k, k, p.recipes[d].model.model_dump(), d)
     for i, z in enumerate(s.convmixer.sizes):
         if z not in p.convmixer_sizes:
-            out.append((f"studies.convmixer.sizes[{i}]", z, f"not a key of convmixer_sizes {sorted(p.convmixer_sizes)}"))
+            out.append((f"studies.convmixer.sizes[{i}]", z,
+                        f"not a key of convmixer_sizes {sorted(p.convmixer_sizes)}"))
             continue
         size = p.convmixer_sizes[z]
         if size.kernel_size % 2 == 0:
@@ -281,12 +278,13 @@ def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
             model = {**p.recipes[d].model.model_dump(), **p.model_shapes[z].model_dump(exclude_none=True)}
             out += _vit_problems(f"model_shapes.{z}", model, d, f" with shape {z}")
             for name in s.heads_width.inits:
-                if (k := _impulse_kernel(name)) is not None:
+                if (k := impulse_kernel(name)) is not None:
                     out += _kernel_problems("studies.heads_width.inits", name, k, model, d, f" with shape {z}")
     # studies that reuse the main grid's cells need those cells to exist
-    main_variant = pseudo_variant(p.init.pseudo_input, p.init.pseudo_input_rest, p.init.per_layer)
+    main_variant = cells.main_variant(p.model_dump())
     if main_variant not in s.pseudo_input.variants:      # the "PP" row is the main grid's impulse cell
-        why = f"the study reuses the main grid's impulse{s.pseudo_input.kernel} cells (its {main_variant} row)"
+        why = (f"the study reuses the main grid's {impulse_init(s.pseudo_input.kernel)} cells "
+               f"(its {main_variant} row)")
         out += _subset("studies.pseudo_input.seeds", s.pseudo_input.seeds, "grid.seeds", g.seeds, why)
         out += _subset("studies.pseudo_input.datasets", s.pseudo_input.datasets, "grid.datasets", g.datasets, why)
         if s.pseudo_input.kernel not in g.kernels:
@@ -295,7 +293,7 @@ def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
     why = "the study's \"recipe\" rows are the main grid's cells"
     out += _subset("studies.heads_width.seeds", s.heads_width.seeds, "grid.seeds", g.seeds, why)
     out += _subset("studies.heads_width.datasets", s.heads_width.datasets, "grid.datasets", g.datasets, why)
-    main_inits = list(g.baselines) + [f"impulse{k}" for k in g.kernels]
+    main_inits = cells.main_inits(p.model_dump())
     out += _subset("studies.heads_width.inits", s.heads_width.inits, "the main grid's initializers",
                    main_inits, why)
     why = "the study's 100 % points are the main grid's cells"
@@ -339,9 +337,8 @@ def _vit_problems(path: str, model: dict, dataset: str, context: str = "") -> li
 
 def _kernel_problems(path: str, value, kernel: int, model: dict, dataset: str, context: str = "") -> list:
     """`value` (at `path`) asks for a kernel x kernel impulse filter on this model and dataset."""
-    side = DATASETS[dataset].image_size // model["patch_size"]
-    try:
-        check_kernel(kernel, (side, side))          # the structured init's own check
+    try:                                            # the structured init's own check
+        check_kernel(kernel, patch_grid_for(DATASETS[dataset].image_size, model["patch_size"]))
     except ValueError as e:
         return [(path, value, f"{e} ({dataset}{context}, patch {model['patch_size']})")]
     return []

@@ -1,7 +1,7 @@
 """Comparison tables from per-cell results (pandas + tabulate). Pure: frames in, text out.
 
 A cell is one trained run: (dataset, init, seed) with init one of the baselines or
-"impulse<k>". Accuracy is the *final-epoch* test accuracy (no model selection on the test
+"impulse<k>" (names: cells.py). Accuracy is the *final-epoch* test accuracy (no model selection on the test
 set), in percent, as mean +- std over seeds (std with ddof=1), with n and a 95 % t-interval; which
 differences the seeds support is decided in stats.py.
 """
@@ -12,7 +12,7 @@ from dataclasses import asdict
 import pandas as pd
 from tabulate import tabulate
 
-from .config import FILTER_MODES
+from .cells import impulse_init, init_label
 from .stats import Comparison, compare_all, summarize
 
 # The paper's main table (method page, section 7), top-1 %, single runs: ViT-T/2 for 200
@@ -25,18 +25,11 @@ PAPER_MAIN = {
     "impulse5": {"cifar10": 90.67, "cifar100": 70.46, "svhn": 97.23, "imagenet": 74.40},
 }
 PAPER_DATASETS = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "svhn": "SVHN", "imagenet": "ImageNet-1K"}
-LABELS = {"kaiming_uniform": "Kaiming Uniform", "trunc_normal": "Trunc Normal", "mimetic": "Mimetic"}
-
-
-def label(init: str) -> str:
-    return LABELS.get(init) or f"Imp.-{init.removeprefix('impulse')}"
-
-
 def paper_block(title: str, table: dict, columns: dict, note: str = "", row_label=None) -> str:
     """The paper's published numbers as a markdown block, headed as the paper's, for a report
     to show beside (or, on datasets the paper did not use, below) what ran.
     table: row -> column -> top-1 %; columns: column key -> header."""
-    row_label = row_label or label
+    row_label = row_label or init_label
     rows = [[row_label(r)] + [f"{v[c]:.2f}" if c in v else "—" for c in columns]
             for r, v in table.items()]
     body = tabulate(rows, headers=["paper"] + list(columns.values()), tablefmt="github",
@@ -73,7 +66,7 @@ def main_table(cells: pd.DataFrame, datasets: list[str], inits: list[str], ours:
     stats = seed_stats(cells)
     rows = []
     for init in inits:
-        row = [label(init) + (" (ours)" if init == ours else "")]
+        row = [init_label(init) + (" (ours)" if init == ours else "")]
         for ds in datasets:
             s = stats.loc[(ds, init)]
             base = stats.loc[(ds, "trunc_normal"), "mean"] if (ds, "trunc_normal") in stats.index else None
@@ -99,12 +92,12 @@ def kernel_table(cells: pd.DataFrame, preopt: pd.DataFrame, datasets: list[str],
     for ds in datasets:
         base = stats.loc[(ds, "trunc_normal"), "mean"] if (ds, "trunc_normal") in stats.index else None
         for k in kernels:
-            s = stats.loc[(ds, f"impulse{k}")]
+            s = stats.loc[(ds, impulse_init(k))]
             p = preopt[(preopt.dataset == ds) & (preopt.kernel == k)]
             rows.append([ds, k, "yes" if k == ours_kernel else "", _fmt(s), _ci(s), int(s["n"]),
                          f"{s['mean'] - base:+.2f}" if base is not None else "—",
                          f"{p.target_mass.mean():.3f}", f"{p.official_target_mass.mean():.3f}",
-                         f"{p.loss.mean():.5f}"])
+                         f"{p.fit_mse.mean():.5f}"])
     return tabulate(rows, headers=["dataset", "kernel", "ours", "test acc %", "95% CI", "n",
                                    "Δ vs Trunc Normal", "init target mass", "official solver's mass",
                                    "init fit (MSE)"],
@@ -112,9 +105,9 @@ def kernel_table(cells: pd.DataFrame, preopt: pd.DataFrame, datasets: list[str],
 
 
 def preopt_table(preopt: pd.DataFrame) -> str:
-    rows = [[r.dataset, r.kernel, r.seed, r.solver, f"{r.loss:.5f}", f"{r.target_mass:.3f}",
+    rows = [[r.dataset, r.kernel, r.seed, r.solver, f"{r.fit_mse:.5f}", f"{r.target_mass:.3f}",
              f"{r.official_target_mass:.3f}", f"{r.target_mass - r.official_target_mass:+.3f}",
-             f"{r.official_loss:.5f}", r.solves] for r in preopt.itertuples()]
+             f"{r.official_fit_mse:.5f}", r.solves] for r in preopt.itertuples()]
     return tabulate(rows, headers=["dataset", "kernel", "seed", "solver", "fit (MSE)", "target mass",
                                    "official solver's mass", "difference", "official fit (MSE)",
                                    "solves"], tablefmt="github", disable_numparse=True)
@@ -161,10 +154,10 @@ def recipe_departures(rec: dict, dataset: str | None = None) -> list[str]:
     import dataclasses
 
     from structinit.config import TrainConfig
-    from structinit.models.vit import VIT_T2
+    from structinit.models.vit import VIT_T2_CIFAR
 
     paper = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-    paper_model = VIT_T2
+    paper_model = VIT_T2_CIFAR
     if dataset == "imagenet":
         paper, paper_model = {**paper, **PAPER_IMAGENET_TRAIN}, PAPER_IMAGENET_MODEL
     out = [f"{k} {v} (paper {paper[k]})" for k, v in rec["train"].items()
@@ -175,15 +168,16 @@ def recipe_departures(rec: dict, dataset: str | None = None) -> list[str]:
     return out
 
 
-def init_description(init: dict) -> str:
-    """The structured init that ran, and its softness relative to the official solver's."""
-    solver = init["solver"]
-    text = f"solver {solver}, pseudo-input {init['pseudo_input']}, offsets {init['offsets']}"
+def init_description(solve: dict) -> str:
+    """The structured init that ran (params.yaml's `solve`), and its softness relative to the
+    official solver's."""
+    solver = solve["solver"]
+    text = f"solver {solver}, pseudo-input {solve['pseudo_input']}, offsets {solve['offset_order']}"
     if solver == "closed_form":
-        mass = (init.get("closed_form") or {}).get("target_mass")
+        mass = (solve.get("closed_form") or {}).get("target_mass")
         text += (", softness = the official solver's for the shape (softness law)" if mass is None else
                  f", softness target_mass={mass} (explicit override: departs from the official solver)")
-    elif (init.get("adam") or {}).get("early_stop"):
+    elif (solve.get("adam") or {}).get("early_stop"):
         text += ", early stopping on (the official loop runs all steps)"
     return text
 
@@ -203,7 +197,7 @@ def what_ran(params: dict, datasets, seeds, extra: str = "", vit: bool = True) -
                          "\"The embedded default's recipe\"), so these numbers rank how fast each "
                          "initializer starts learning")
     if vit:                                                  # ConvMixer studies have no ViT init
-        parts.append("structured init: " + init_description(params["init"]))
+        parts.append("structured init: " + init_description(params["solve"]))
     return ". ".join(parts) + (f". {extra}" if extra else "") + "."
 
 
@@ -286,5 +280,5 @@ def paper_gaps(inits, reference: str = "trunc_normal") -> str:
             continue
         gaps = ", ".join(f"{PAPER_DATASETS[d]} ({PAPER_TRAIN_IMAGES[d]:,} images) "
                          f"{PAPER_MAIN[init][d] - PAPER_MAIN[reference][d]:+.2f}" for d in PAPER_DATASETS)
-        parts.append(f"{label(init)} − {label(reference)}: {gaps}")
+        parts.append(f"{init_label(init)} − {init_label(reference)}: {gaps}")
     return "; ".join(parts)

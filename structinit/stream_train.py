@@ -85,7 +85,8 @@ def train_streamed(model: torch.nn.Module, train_set: SeededAugmentation, test_s
     if ctx.is_main and on_epoch_end:
         for metrics in history:
             on_epoch_end(metrics)
-    ddp = (torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    ddp = (torch.nn.parallel.DistributedDataParallel(model,
+                                                     device_ids=[device.index] if device.type == "cuda" else None)
            if ctx.enabled else model)
     mixup = _mixup(cfg, num_classes, ctx)
     soft_target_loss = SoftTargetCrossEntropy()

@@ -21,6 +21,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -73,8 +74,13 @@ def _decay_groups(params: list[torch.Tensor], weight_decay: float, stacked_dims:
             {"params": no_decay, "weight_decay": 0.0}]
 
 
-class BatchPipeline:
-    """uint8 images on the device -> augmented, normalized float batches."""
+class BatchAugmentation:
+    """The trainer's per-batch image transforms, on the device: uint8 images in, float out.
+
+    augment(x, gen): a training batch, randomly augmented (the config's RandAugment policy
+    and horizontal flips, drawn from `gen`), then normalized by the dataset's mean and std.
+    normalize(x): a test batch, normalized only.
+    """
 
     def __init__(self, data: ImageData, cfg: TrainConfig, device: torch.device):
         spec = data.spec
@@ -106,13 +112,13 @@ def autocast(cfg: TrainConfig, device: torch.device):
 
 
 @torch.no_grad()
-def evaluate(model, images: torch.Tensor, labels: torch.Tensor, pipe: BatchPipeline,
+def evaluate(model, images: torch.Tensor, labels: torch.Tensor, augmentation: BatchAugmentation,
              cfg: TrainConfig, device: torch.device, batch_size: int = 1024) -> dict:
     model.eval()
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.long)
     for i in range(0, len(labels), batch_size):
-        x, y = pipe.normalize(images[i:i + batch_size]), labels[i:i + batch_size]
+        x, y = augmentation.normalize(images[i:i + batch_size]), labels[i:i + batch_size]
         with autocast(cfg, device):
             logits = model(x)
         loss_sum += F.cross_entropy(logits.float(), y, reduction="sum")
@@ -138,6 +144,38 @@ class _Run:
     @property
     def epochs_done(self) -> int:
         return len(self.history)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Setup:
+    """What every stacked group of one train_models call trains with: the recipe, where it
+    runs, the data on the device and what to report. progress and on_epoch_end are rank 0's
+    (False / None on the other processes)."""
+    cfg: TrainConfig                    # the shared recipe; each run's seed is its run.cfg.seed
+    device: torch.device
+    ctx: DistributedContext
+    augmentation: BatchAugmentation
+    train_x: torch.Tensor               # uint8 images (n, C, H, W) and labels (n,), on the device
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    batch_size: int                     # the global batch; each process trains its slice of it
+    progress: bool                      # print a progress bar and a line per epoch
+    on_epoch_end: Callable[[_Run, dict], None] | None
+
+
+@dataclasses.dataclass(eq=False)
+class _StackedGroup:
+    """Runs that train together as one stacked model: the stack, its optimizer and, on CPU,
+    its chunked step (None: each step's gradients in one pass)."""
+    runs: list[_Run]
+    stack: StackedModels
+    opt: torch.optim.Optimizer
+    chunked: ChunkedBackward | None
+
+    @property
+    def seeds(self) -> list[int]:
+        return [r.cfg.seed for r in self.runs]
 
 
 def train_model(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
@@ -218,60 +256,63 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
     train_y = data.train_labels[idx].to(device)
     test_x, test_y = data.test_images.to(device), data.test_labels.to(device)
     batch_size = min(cfg.batch_size, len(train_y))
-    pipe = BatchPipeline(data, cfg, device)
+    report = ((lambda run, metrics: on_epoch_end(runs.index(run), metrics))
+              if on_epoch_end and ctx.is_main else None)
+    setup = _Setup(cfg=cfg, device=device, ctx=ctx, augmentation=BatchAugmentation(data, cfg, device),
+                   train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y,
+                   batch_size=batch_size, progress=progress and ctx.is_main, on_epoch_end=report)
     while todo := [r for r in runs if r.epochs_done < cfg.epochs]:
         # The runs furthest behind train (stacked) until they reach the next ones, then all
         # of those train on together; normally every run starts at the same epoch.
         start = min(r.epochs_done for r in todo)
-        group = [r for r in todo if r.epochs_done == start]
+        members = [r for r in todo if r.epochs_done == start]
         stop = min([r.epochs_done for r in todo if r.epochs_done > start], default=cfg.epochs)
-        stack = StackedModels([r.model for r in group]).to(device).train()
-        opt = _stacked_adamw(stack, [r.optimizer for r in group], cfg, device)
+        stack = StackedModels([r.model for r in members]).to(device).train()
+        opt = _stacked_adamw(stack, [r.optimizer for r in members], cfg, device)
         chunks, how = plan_cpu_chunks(cfg.cpu_chunks, stack.base, device, batch_size // ctx.world_size)
-        chunked = (ChunkedBackward(stack, chunks, lambda replica, x, y: _loss_and_grads(replica, x, y, cfg, device))
+        chunked = (ChunkedBackward(stack, chunks, lambda replica, x, y: loss_and_grads(replica, x, y, cfg, device))
                    if chunks > 1 else None)
-        if progress and ctx.is_main:
+        if setup.progress:
             where = f"{device} x {ctx.world_size} processes" if ctx.enabled else device
-            print(f"training {len(group)} model(s) stacked on {where}, epochs {start + 1}-{stop}: {how} per step")
+            print(f"training {len(members)} model(s) stacked on {where}, epochs {start + 1}-{stop}: {how} per step")
+        group = _StackedGroup(runs=members, stack=stack, opt=opt, chunked=chunked)
         with chunked or contextlib.nullcontext():
-            _train_epochs(range(start, stop), group, runs, stack, chunked, opt, pipe, train_x,
-                          train_y, test_x, test_y, batch_size, cfg, device, progress and ctx.is_main,
-                          on_epoch_end if ctx.is_main else None, ctx)
-        for i, run in enumerate(group):
+            _train_epochs(group, range(start, stop), setup)
+        for i, run in enumerate(members):
             run.model.load_state_dict(stack.state_dict_of(i))
             run.optimizer = _optimizer_state_of(opt, stack, i)
     return [r.history for r in runs]
 
 
-def _train_epochs(epochs, group, runs, stack, chunked, opt, pipe, train_x, train_y, test_x,
-                  test_y, batch_size, cfg, device, progress, on_epoch_end, ctx) -> None:
-    """Train the stacked runs `group` for `epochs`: evaluate, log, checkpoint each epoch."""
+def _train_epochs(group: _StackedGroup, epochs: range, setup: _Setup) -> None:
+    """Train the stacked `group` for `epochs`: evaluate, log, checkpoint each epoch."""
+    cfg, stack, chunked = setup.cfg, group.stack, group.chunked
     for epoch in epochs:
-        per_model = _train_epoch(epoch, stack, chunked, opt, pipe, train_x, train_y,
-                                 batch_size, [r.cfg.seed for r in group], cfg, device, progress, ctx)
+        per_model = _train_epoch(group, epoch, setup)
         if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
             t = time.perf_counter()
             with chunked.all_threads() if chunked else contextlib.nullcontext():
-                tests = _evaluate_stacked(stack, test_x, test_y, pipe, cfg, device)
+                tests = _evaluate_stacked(stack, setup.test_x, setup.test_y, setup.augmentation, cfg,
+                                          setup.device)
             seconds = time.perf_counter() - t
             for metrics, test in zip(per_model, tests):
                 metrics.update(test)
                 metrics["seconds"] += seconds
-        if progress:
+        if setup.progress:
             accs = [m["test_acc"] for m in per_model if "test_acc" in m]
             test = f"test acc {' '.join(f'{a:.4f}' for a in accs)}  " if accs else ""
             losses = " ".join(f"{m['train_loss']:.4f}" for m in per_model)
             tqdm.write(f"epoch {epoch + 1}/{cfg.epochs}  loss {losses}  {test}"
-                       f"({per_model[0]['images_per_s'] * len(group):.0f} model-img/s)")
-        for i, (run, metrics) in enumerate(zip(group, per_model)):
+                       f"({per_model[0]['images_per_s'] * len(group.runs):.0f} model-img/s)")
+        for i, (run, metrics) in enumerate(zip(group.runs, per_model)):
             run.history.append(metrics)
-            if run.checkpoint is not None and ctx.is_main:
+            if run.checkpoint is not None and setup.ctx.is_main:
                 save_checked(run.checkpoint, {
                     "fingerprint": run.fingerprint, "epoch": epoch, "history": run.history,
-                    "model": stack.state_dict_of(i), "optimizer": _optimizer_state_of(opt, stack, i)})
-        for run, metrics in zip(group, per_model):
-            if on_epoch_end:
-                on_epoch_end(runs.index(run), metrics)
+                    "model": stack.state_dict_of(i), "optimizer": _optimizer_state_of(group.opt, stack, i)})
+        for run, metrics in zip(group.runs, per_model):
+            if setup.on_epoch_end:
+                setup.on_epoch_end(run, metrics)
 
 
 def _restore(run: _Run, device: torch.device) -> None:
@@ -332,22 +373,27 @@ def _optimizer_state_of(opt: torch.optim.Optimizer, stack: StackedModels, i: int
                for k in ("exp_avg", "exp_avg_sq")}}
 
 
-def _loss_and_grads(stack: StackedModels, x, y, cfg: TrainConfig, device):
-    """x (N, B, ...), y (N, B) -> (each model's gradients, mean label-smoothed loss (N,),
-    logits (N, B, classes)) of the training objective."""
+def loss_and_grads(stack: StackedModels, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
+                   device: torch.device) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """The trainer's objective on a stacked batch, with its gradients.
+
+    x (N, B, ...), y (N, B): model i's batch is x[i], y[i]. Returns (each model's gradients
+    {parameter name: (N, ...)}, trainable parameters only; each model's mean label-smoothed
+    cross-entropy (N,); logits (N, B, classes)), under the config's autocast. This is the
+    `loss_and_grads` a ChunkedBackward runs on each chunk (cpu_chunks.py)."""
     def objective(logits, labels):                   # one model's batch: (B, classes), (B,)
         return F.cross_entropy(logits.float(), labels, label_smoothing=cfg.label_smoothing)
     return stack.loss_and_grads(x, y, objective, lambda: autocast(cfg, device))
 
 
 @torch.no_grad()
-def _evaluate_stacked(stack: StackedModels, images, labels, pipe: BatchPipeline,
+def _evaluate_stacked(stack: StackedModels, images, labels, augmentation: BatchAugmentation,
                       cfg: TrainConfig, device: torch.device, batch_size: int = 1024) -> list[dict]:
     stack.eval()
     loss_sum = torch.zeros(stack.n, device=device)
     correct = torch.zeros(stack.n, device=device, dtype=torch.long)
     for i in range(0, len(labels), batch_size):
-        x, y = pipe.normalize(images[i:i + batch_size]), labels[i:i + batch_size]
+        x, y = augmentation.normalize(images[i:i + batch_size]), labels[i:i + batch_size]
         with autocast(cfg, device):
             logits = stack(x, shared_input=True)                   # (N, B, classes)
         y = y.expand(stack.n, -1)
@@ -372,11 +418,13 @@ def _stop_if_nonfinite(first_bad_step: torch.Tensor, seeds: list[int], epoch: in
             " and nothing after its last finished epoch was written. Lower the lr or check the data.")
 
 
-def _train_epoch(epoch, stack, chunked, opt, pipe, train_x, train_y, batch_size, seeds,
-                 cfg, device, progress, ctx) -> list[dict]:
+def _train_epoch(group: _StackedGroup, epoch: int, setup: _Setup) -> list[dict]:
     """One pass of every stacked model over the (shuffled) training set, each in its own
     seed's order; no host sync until its end."""
     t0 = time.perf_counter()
+    cfg, device, ctx = setup.cfg, setup.device, setup.ctx
+    stack, chunked, opt, seeds = group.stack, group.chunked, group.opt, group.seeds
+    train_x, train_y, batch_size = setup.train_x, setup.train_y, setup.batch_size
     steps_per_epoch = len(train_y) // batch_size      # drop the ragged tail: static shapes
     total_steps = steps_per_epoch * cfg.epochs
     warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
@@ -390,14 +438,14 @@ def _train_epoch(epoch, stack, chunked, opt, pipe, train_x, train_y, batch_size,
     check_every = 1 if device.type == "cpu" else steps_per_epoch
     params = list(stack.trainable().values())
     bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}/{cfg.epochs}",
-               disable=not progress, leave=False, mininterval=1.0)
+               disable=not setup.progress, leave=False, mininterval=1.0)
 
     def batch(i):
         """Each model's batch i, drawn from its own generator, in order, as it would be alone."""
         if i == steps_per_epoch:
             return None
         rows = [order[i * batch_size:(i + 1) * batch_size] for order in orders]
-        x = torch.stack([pipe.augment(train_x[r], g) for r, g in zip(rows, gens)])      # (N, B, C, H, W)
+        x = torch.stack([setup.augmentation.augment(train_x[r], g) for r, g in zip(rows, gens)])  # (N, B, C, H, W)
         y = torch.stack([train_y[r] for r in rows])                                     # (N, B)
         if ctx.enabled:                               # this process's rows of the global batch
             x, y = x[:, local_rows], y[:, local_rows]
@@ -416,7 +464,7 @@ def _train_epoch(epoch, stack, chunked, opt, pipe, train_x, train_y, batch_size,
             upcoming = batch(i + 1)                   # ...while this one prepares the next batch
             batch_loss_sum, batch_correct = chunked.collect(pending)   # sets .grad
         else:
-            grads, losses, logits = _loss_and_grads(stack, x, y, cfg, device)
+            grads, losses, logits = loss_and_grads(stack, x, y, cfg, device)
             set_grads(stack.trainable(), grads)
             batch_loss_sum, batch_correct = losses * local_batch, (logits.argmax(-1) == y).sum(1)
             upcoming = batch(i + 1)

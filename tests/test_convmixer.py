@@ -36,7 +36,8 @@ def test_filter_values_per_mode():
     k = 5
     impulse = spatial_filters(si.create_convmixer(64, 1, k, 2, 10, filter_mode="impulse"))[0].weight
     flat = impulse.view(64, k * k)
-    assert torch.equal(flat.sum(1), torch.ones(64)) and torch.equal((flat != 0).sum(1), torch.ones(64, dtype=torch.long))
+    assert torch.equal(flat.sum(1), torch.ones(64))
+    assert torch.equal((flat != 0).sum(1), torch.ones(64, dtype=torch.long))
     assert len(flat.argmax(1).unique()) > 10                 # taps differ between channels
     box = spatial_filters(si.create_convmixer(8, 1, k, 2, 10, filter_mode="box"))[0].weight
     assert torch.allclose(box, torch.full_like(box, 1 / k ** 2))

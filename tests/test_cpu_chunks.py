@@ -8,14 +8,14 @@ import structinit as si
 from conftest import small_vit
 from structinit.cpu_chunks import ChunkedBackward, plan_cpu_chunks
 from structinit.stacked import StackedModels
-from structinit.train import BatchPipeline, _loss_and_grads
+from structinit.train import BatchAugmentation, loss_and_grads
 
 CPU = torch.device("cpu")
 
 
 def _batch(digits, n=64):
     cfg = si.TrainConfig(randaugment=None)
-    return BatchPipeline(digits, cfg, CPU).normalize(digits.train_images[:n]), digits.train_labels[:n]
+    return BatchAugmentation(digits, cfg, CPU).normalize(digits.train_images[:n]), digits.train_labels[:n]
 
 
 def test_chunked_gradient_is_the_full_batch_gradient(digits):
@@ -28,9 +28,9 @@ def test_chunked_gradient_is_the_full_batch_gradient(digits):
     x, y = x.view(2, 60, *x.shape[1:]), y.view(2, 60)
     cfg = si.TrainConfig(label_smoothing=0.1)
     stack = StackedModels(models)
-    full, losses, logits = _loss_and_grads(stack, x, y, cfg, CPU)
+    full, losses, logits = loss_and_grads(stack, x, y, cfg, CPU)
     assert "pos_embed" not in full                               # frozen: no gradient
-    with ChunkedBackward(stack, 3, lambda s, xc, yc: _loss_and_grads(s, xc, yc, cfg, CPU)) as chunked:
+    with ChunkedBackward(stack, 3, lambda s, xc, yc: loss_and_grads(s, xc, yc, cfg, CPU)) as chunked:
         loss_sum, correct = chunked.backward(x, y)
     torch.testing.assert_close(loss_sum, losses * 60, rtol=1e-5, atol=1e-5)
     assert correct.tolist() == (logits.argmax(-1) == y).sum(1).tolist()

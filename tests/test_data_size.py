@@ -108,7 +108,8 @@ def test_gap_changes_claim_only_what_the_test_supports():
     changes = stats.compare_gap_changes(groups, reference="trunc_normal", base="all", family="digits")
     assert [(c.a, c.other, c.verdict) for c in changes] == [("impulse3", "10 %", ">"), ("mimetic", "10 %", "~")]
     lines = stats.gap_change_lines(changes)
-    assert lines[0].startswith("- digits, impulse3 − trunc_normal: +15.00 points at all; +37.00 at 10 %: **larger** by 22.00")
+    assert lines[0].startswith("- digits, impulse3 − trunc_normal: +15.00 points at all; "
+                               "+37.00 at 10 %: **larger** by 22.00")
     assert lines[0].endswith("The gap is larger at 10 % than at all.")
     assert "change not distinguishable from 0" in lines[1] and "No change of the gap" in lines[1]
 
@@ -180,11 +181,11 @@ def test_near_chance_reference_gets_a_generated_caveat():
     report says so, and says nothing when the reference trained."""
     import pandas as pd
 
-    from stages.study_report import _near_chance_note
+    from stages.study_report import near_chance_caveat
 
     stuck = pd.DataFrame({"dataset": ["digits"] * 4, "init": ["trunc_normal"] * 2 + ["mimetic"] * 2,
                           "size": ["144 (10 %)", "1,437 (100 %)"] * 2, "acc": [15.0, 12.0, 80.0, 90.0]})
     assert "digits: Trunc Normal stays near chance at every size (at most 15.0 % against 10 % chance)" \
-        in _near_chance_note(stuck)
+        in near_chance_caveat(stuck)
     trained = stuck.assign(acc=[60.0, 70.0, 80.0, 90.0])
-    assert _near_chance_note(trained) == ""
+    assert near_chance_caveat(trained) == ""

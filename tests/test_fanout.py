@@ -49,7 +49,7 @@ def stand_in_reference_solves(repo: Path) -> None:
         for seed in (0, 1):
             record = repo / f"results/reference/digits-{kernel}/seed{seed}.json"
             record.parent.mkdir(parents=True, exist_ok=True)
-            record.write_text(json.dumps({"target_mass": 0.05 + kernel / 1000, "loss": 0.01 * (seed + 1)}))
+            record.write_text(json.dumps({"target_mass": 0.05 + kernel / 1000, "fit_mse": 0.01 * (seed + 1)}))
     sh(repo, "dvc", "commit", "-f", "reference_solve@digits-3", "reference_solve@digits-5")
 
 

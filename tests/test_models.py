@@ -8,7 +8,7 @@ from conftest import small_vit
 
 
 def test_vit_is_timm_model_in_paper_configuration():
-    m = si.create_vit(**si.VIT_T2, num_classes=10)
+    m = si.create_vit(**si.VIT_T2_CIFAR, num_classes=10)
     assert isinstance(m, VisionTransformer)
     assert m.cls_token is None and m.num_prefix_tokens == 0
     assert m.global_pool == "avg"

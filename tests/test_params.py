@@ -6,15 +6,15 @@ import inspect
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from structinit.config import TrainConfig
+from structinit.config import IMPULSE_SOLVE_OPTIONS, TrainConfig
+from structinit.init.impulse import solve_impulse_qk
 from structinit.init.solvers import SOLVERS
-from structinit.params import Adam, ClosedForm, ParamsError, Train, load_params, validate_params
+from structinit.params import Adam, ClosedForm, ParamsError, Solve, Train, load_params, validate_params
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT = yaml.safe_load((REPO / "params.yaml").read_text())
@@ -49,7 +49,7 @@ def _also(*mutations):
 BAD = [
     ("unknown top-level key", _set("trian", {}), ["trian = {}: unknown key", "grid"]),
     ("misspelt train key", _set("recipes.digits.train.epoch", 40), ["recipes.digits.train.epoch = 40: unknown key", "epochs"]),
-    ("unknown solver option", _set("init.adam.stepz", 3), ["init.adam.stepz = 3: unknown key", "steps"]),
+    ("unknown solver option", _set("solve.adam.stepz", 3), ["solve.adam.stepz = 3: unknown key", "steps"]),
     ("missing section", _drop("studies"), ["studies: missing"]),
     ("missing key", _drop("grid.seeds"), ["grid.seeds: missing"]),
     ("text for a number", _set("recipes.digits.train.lr", "fast"), ["recipes.digits.train.lr = 'fast'", "number"]),
@@ -65,10 +65,10 @@ BAD = [
     ("unknown dataset", _set("grid.datasets", ["digits", "mnist"]), ["grid.datasets[1] = 'mnist'", "'cifar10'"]),
     ("recipe for an unknown dataset", _set("recipes.mnist", DEFAULT["recipes"]["digits"]), ["recipes.mnist", "'digits'"]),
     ("impulse as a baseline", _set("grid.baselines", ["impulse"]), ["grid.baselines[0] = 'impulse'", "'mimetic'"]),
-    ("unknown solver", _set("init.solver", "sgd"), ["init.solver = 'sgd'", "'closed_form'"]),
-    ("unknown offsets", _set("init.offsets", "spiral"), ["init.offsets = 'spiral'", "'random'"]),
-    ("unknown pseudo-input", _set("init.pseudo_input", "Z"), ["init.pseudo_input = 'Z'", "'P'"]),
-    ("softness out of range", _set("init.closed_form.target_mass", 1.5), ["target_mass = 1.5", "less than 1"]),
+    ("unknown solver", _set("solve.solver", "sgd"), ["solve.solver = 'sgd'", "'closed_form'"]),
+    ("unknown offset order", _set("solve.offset_order", "spiral"), ["solve.offset_order = 'spiral'", "'random'"]),
+    ("unknown pseudo-input", _set("solve.pseudo_input", "Z"), ["solve.pseudo_input = 'Z'", "'P'"]),
+    ("softness out of range", _set("solve.closed_form.target_mass", 1.5), ["target_mass = 1.5", "less than 1"]),
     ("seed twice", _set("grid.seeds", [0, 1, 1]), ["grid.seeds", "[1] listed twice"]),
     ("no seeds", _set("grid.seeds", []), ["grid.seeds = []", "at least 1"]),
     ("negative seed", _set("grid.seeds", [-1]), ["grid.seeds[0] = -1", "greater than or equal to 0"]),
@@ -170,18 +170,22 @@ def test_schema_agrees_with_the_code_it_describes():
         options = {p.name: p.default for p in inspect.signature(SOLVERS[solver]).parameters.values()
                    if p.kind is p.KEYWORD_ONLY and p.name not in ("head_dim", "scale", "generator")}
         assert {k: f.default for k, f in section.model_fields.items()} == options, solver
+    # the `solve` section: IMPULSE_SOLVE_OPTIONS (what stages pass on) plus one section per
+    # solver, and every one of them a keyword of solve_impulse_qk
+    assert set(Solve.model_fields) == set(IMPULSE_SOLVE_OPTIONS) | set(SOLVERS)
+    keywords = {p.name for p in inspect.signature(solve_impulse_qk).parameters.values() if p.kind is p.KEYWORD_ONLY}
+    assert set(IMPULSE_SOLVE_OPTIONS) <= keywords
 
 
 def _write_params(dirpath: Path, params: dict) -> None:
     (dirpath / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
-def test_a_stage_refuses_every_bad_file_in_seconds_before_importing_torch(tmp_path):
+def test_a_stage_refuses_every_bad_file_before_importing_torch(tmp_path):
     """What `dvc repro` would run: the heaviest stage (training), under DVC_STAGE, in a folder
     whose params.yaml has one bad value. Each is refused with status 1, one line per problem,
-    no traceback, in well under 10 s, and torch is never imported."""
+    no traceback, and torch is never imported."""
     env = dict(os.environ, DVC_STAGE="train_impulse@digits-3", PYTHONPATH=str(REPO))
-    refused, slowest = 0, 0.0
     # `python -m stages.train` imports the stages package first; report whether torch was loaded
     probe = ("import sys\ntry:\n    import stages\nexcept SystemExit:\n"
              "    print('torch' in sys.modules)\n    raise\n")
@@ -189,23 +193,11 @@ def test_a_stage_refuses_every_bad_file_in_seconds_before_importing_torch(tmp_pa
         params = copy.deepcopy(DEFAULT)
         mutate(params)
         _write_params(tmp_path, params)
-        t = time.perf_counter()
         r = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env,
                            capture_output=True, text=True)
-        slowest = max(slowest, time.perf_counter() - t)
         assert r.returncode == 1, (name, r.stdout, r.stderr)
         assert "Traceback" not in r.stderr and "True" not in r.stdout, (name, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert lines[0].startswith("error: params.yaml: ") and all(l.startswith("params.yaml: ") for l in lines[1:])
         assert any(all(f in line for f in fragments) for line in lines), (name, r.stderr)
-        refused += 1
-    print(f"bad params.yaml files refused: {refused}/{len(BAD)}, slowest {slowest:.2f} s")
-    assert refused == len(BAD) and slowest < 10
-
-
-def test_pseudo_variant_names_round_trip():
-    from structinit.config import parse_pseudo_variant, pseudo_variant
-
-    for name in ("PP", "UP", "PPL", "BGL"):
-        assert pseudo_variant(**parse_pseudo_variant(name)) == name
-    assert pseudo_variant("P", None, False) == "PP"
+    print(f"all {len(BAD)} bad params.yaml files refused")

@@ -87,7 +87,7 @@ def test_official_solver_softness_on_the_digits_shape():
     assert adam.target_mass == pytest.approx(0.110, abs=0.005)
     assert adam.offsets == fast.offsets
     assert abs(fast.target_mass - adam.target_mass) <= 0.03
-    assert fast.loss <= adam.loss * 1.05
+    assert fast.fit_mse <= adam.fit_mse * 1.05
 
 
 def test_early_stop_is_opt_in_and_ends_at_a_cycle_end():

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import structinit as si
 from conftest import small_vit
 from structinit.stacked import StackedModels, clip_grad_norm_per_model
-from structinit.train import BatchPipeline, lr_at, param_groups, train_models
+from structinit.train import BatchAugmentation, lr_at, param_groups, train_models
 
 FAST = dict(batch_size=64, warmup_epochs=1, hflip=False, lr=2e-3, randaugment=None, adam_eps=1e-8,
             eval_every=1)
@@ -98,7 +98,7 @@ def test_two_seeds_stacked_train_as_each_alone(digits):
 def _plain_loop(model, data, cfg, idx):
     """An independent restatement of one model's training: module forward (fused attention),
     torch's own clip_grad_norm_, AdamW; the same batches as the trainer."""
-    pipe = BatchPipeline(data, cfg, torch.device("cpu"))
+    augmentation = BatchAugmentation(data, cfg, torch.device("cpu"))
     x_all, y_all = data.train_images[idx], data.train_labels[idx]
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps)
     steps = len(y_all) // cfg.batch_size
@@ -111,7 +111,7 @@ def _plain_loop(model, data, cfg, idx):
             for g in opt.param_groups:
                 g["lr"] = lr_at(epoch * steps + i, steps * cfg.epochs, round(cfg.warmup_epochs * steps), cfg)
             rows = order[i * cfg.batch_size:(i + 1) * cfg.batch_size]
-            loss = F.cross_entropy(model(pipe.augment(x_all[rows], gen)), y_all[rows],
+            loss = F.cross_entropy(model(augmentation.augment(x_all[rows], gen)), y_all[rows],
                                    label_smoothing=cfg.label_smoothing)
             opt.zero_grad()
             loss.backward()

@@ -76,5 +76,6 @@ def test_timing_logs_stay_out_of_outputs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     log_timings("results/train/c/seed0", {"s": 1.0})
     log_timings(tmp_path / "results/train/c/seed1", {"s": 2.0})
-    assert sorted(p.name for p in (tmp_path / TIMINGS_DIR / "results/train/c").iterdir()) == ["seed0.json", "seed1.json"]
+    logged = sorted(p.name for p in (tmp_path / TIMINGS_DIR / "results/train/c").iterdir())
+    assert logged == ["seed0.json", "seed1.json"]
     assert not (tmp_path / "results").exists()

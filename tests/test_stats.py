@@ -65,7 +65,7 @@ def test_preopt_benchmark_interleaves_its_repeats(monkeypatch, capsys):
 
     def fake_solve(shape, **opts):
         calls.append((shape["embed_dim"], opts.get("solver")))
-        sol = SimpleNamespace(solver_info={"layer0": {}}, loss=0.0, target_mass=0.5, offsets=[[(0, 0)]])
+        sol = SimpleNamespace(solver_info={"layer0": {}}, fit_mse=0.0, target_mass=0.5, offsets=[[(0, 0)]])
         return 1.0, sol
 
     monkeypatch.setattr(preopt, "solve", fake_solve)

@@ -1,5 +1,4 @@
 import math
-import time
 
 import pytest
 import torch
@@ -10,6 +9,18 @@ from conftest import small_vit
 # Fast-learning optimizer settings for trainer tests: Adam eps 1e-8, not the paper's 1e-3
 # (params.yaml's digits recipe), under which an 8-epoch run stays near chance.
 FAST = dict(batch_size=64, warmup_epochs=1, hflip=False, lr=2e-3, randaugment=None, adam_eps=1e-8)
+TIMING = ("seconds", "train_seconds", "images_per_s")
+
+
+def _without_timing(history):
+    """A history's metrics less the wall-clock ones (which differ between equal runs)."""
+    return [{k: v for k, v in epoch.items() if k not in TIMING} for epoch in history]
+
+
+def _vit(seed):
+    model = small_vit()
+    si.initialize(model, "trunc_normal", seed=seed)
+    return model
 
 
 def _run(digits, epochs, method="impulse", **kw):
@@ -21,9 +32,7 @@ def _run(digits, epochs, method="impulse", **kw):
 
 
 def test_short_run_on_digits_is_well_above_chance(digits):
-    t = time.perf_counter()
     model, hist = _run(digits, epochs=8)
-    assert time.perf_counter() - t < 60
     # chance: 0.1. The structured init now has the official solver's softness on this shape
     # (target mass 0.11, was 0.21), which starts slower: 0.41 after 8 epochs (was > 0.5).
     assert hist[-1]["test_acc"] > 0.3
@@ -49,16 +58,13 @@ def test_paper_recipe_with_randaugment_runs_on_32px_rgb():
 def test_deterministic_on_cpu(digits):
     _, a = _run(digits, epochs=2, randaugment="rand-m9-mstd0.5-inc1")
     _, b = _run(digits, epochs=2, randaugment="rand-m9-mstd0.5-inc1")
-    timing = ("seconds", "train_seconds", "images_per_s")
-    strip = lambda h: [{k: v for k, v in e.items() if k not in timing} for e in h]  # noqa: E731
-    assert strip(a) == strip(b)
+    assert _without_timing(a) == _without_timing(b)
 
 
 def test_resumed_run_matches_uninterrupted(digits, tmp_path):
     cfg = si.TrainConfig(epochs=3, **{**FAST, "randaugment": "rand-m9-mstd0.5-inc1"})
-    full = small_vit()
-    si.initialize(full, "trunc_normal", seed=0)
-    si.train_model(full, digits, cfg, device="cpu", progress=False)
+    full = _vit(0)
+    full_hist = si.train_model(full, digits, cfg, device="cpu", progress=False)
 
     class Interrupt(Exception):
         pass
@@ -68,29 +74,40 @@ def test_resumed_run_matches_uninterrupted(digits, tmp_path):
             raise Interrupt
 
     ckpt = tmp_path / "ckpt.pt"
-    part = small_vit()
-    si.initialize(part, "trunc_normal", seed=0)
     with pytest.raises(Interrupt):
-        si.train_model(part, digits, cfg, device="cpu", progress=False, checkpoint_path=ckpt,
+        si.train_model(_vit(0), digits, cfg, device="cpu", progress=False, checkpoint_path=ckpt,
                        on_epoch_end=stop_after_two)
-    resumed = small_vit()
-    si.initialize(resumed, "trunc_normal", seed=0)
+    resumed = _vit(0)
     seen = []
     hist = si.train_model(resumed, digits, cfg, device="cpu", progress=False,
                           checkpoint_path=ckpt, on_epoch_end=lambda m: seen.append(m["epoch"]))
-    assert seen == [1, 2, 3] and len(hist) == 3
+    assert seen == [1, 2, 3]
+    assert _without_timing(hist) == _without_timing(full_hist)     # lr, losses, accuracies
     for (k, v), w in zip(full.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(v, w), k
 
 
 def test_checkpoint_of_another_config_is_not_resumed(digits, tmp_path):
+    """A checkpoint written for another config is ignored: the run is the one it would be
+    without a checkpoint, and its own checkpoint replaces the other."""
     ckpt = tmp_path / "c.pt"
-    model = small_vit()
-    si.train_model(model, digits, si.TrainConfig(epochs=1, **FAST), device="cpu", progress=False,
+    si.train_model(_vit(0), digits, si.TrainConfig(epochs=1, **FAST), device="cpu", progress=False,
                    checkpoint_path=ckpt)
-    hist = si.train_model(small_vit(), digits, si.TrainConfig(epochs=1, **{**FAST, "lr": 1e-3}),
-                          device="cpu", progress=False, checkpoint_path=ckpt)
-    assert len(hist) == 1 and hist[0]["lr"] != 0                 # trained, not restored
+    other = si.TrainConfig(epochs=1, **{**FAST, "lr": 1e-3})
+    model = _vit(1)
+    hist = si.train_model(model, digits, other, device="cpu", progress=False, checkpoint_path=ckpt)
+    alone = _vit(1)
+    expected = si.train_model(alone, digits, other, device="cpu", progress=False)
+    assert _without_timing(hist) == _without_timing(expected)
+    for (k, v), w in zip(alone.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(v, w), k
+    restored = _vit(2)
+    seen = []
+    again = si.train_model(restored, digits, other, device="cpu", progress=False, checkpoint_path=ckpt,
+                           on_epoch_end=seen.append)
+    assert again == hist and seen == hist                      # now resumed: nothing left to train
+    for (k, v), w in zip(model.state_dict().items(), restored.state_dict().values()):
+        assert torch.equal(v, w), k
 
 
 def test_bf16_autocast_path_runs_on_cpu(digits):

@@ -11,7 +11,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Rectangle
 
-from .style import init_color, init_label
+from ..cells import init_label
+from .style import init_color
 
 STATES = {"at_init": "at init", "trained": "trained"}
 

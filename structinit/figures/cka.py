@@ -2,10 +2,10 @@
 trained models with different initializers (every pair)."""
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import numpy as np
 
-from .style import init_label
+from ..cells import init_label
+from .style import plt             # the Agg backend and the shared look, before any figure
 
 _KW = dict(cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from ..curves import mean_band
-from .style import init_color, init_label, plt, write_per_dataset
+from ..cells import init_label
+from .style import init_color, plt, write_per_dataset
 
 # (metric, panel title, y label), row by row: accuracies above, losses below
 PANELS = (("train_acc", "train accuracy", "accuracy (%)"), ("test_acc", "test accuracy", "accuracy (%)"),

@@ -15,7 +15,8 @@ import pandas as pd
 from ..datasets import DATASETS
 from ..report import size_label
 from ..stats import summarize
-from .style import init_color, init_label, plt, write_per_dataset
+from ..cells import init_label
+from .style import init_color, plt, write_per_dataset
 
 # Each initializer's points are shifted by this factor per position (log x), so that error
 # bars at the same size do not hide one another; its seeds' dots sit just right of its bar.

@@ -11,7 +11,6 @@ matplotlib.use("Agg")                        # headless: stages run without a di
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..io import write_atomic  # noqa: E402
-from ..report import label  # noqa: E402
 
 DPI = 110
 # Fixed colours, so an initializer looks the same in every figure of every report.
@@ -28,11 +27,6 @@ def init_color(init: str) -> str:
     if init in INIT_COLORS:
         return INIT_COLORS[init]
     return _FALLBACK[sum(map(ord, init)) % len(_FALLBACK)]   # stable across runs (no hash())
-
-
-def init_label(init: str) -> str:
-    """Kaiming Uniform, Trunc Normal, Mimetic, Imp.-3, ... (as in the tables)."""
-    return label(init)
 
 
 def save_figure(fig, path: str | Path) -> None:

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..config import METHODS
-from ..models.vit import check_structured_vit, patch_grid, reset_position_encoding
+from ..config import IMPULSE_SOLVE_OPTIONS, METHODS
+from ..models.vit import check_structured_vit, patch_grid_of, reset_position_encoding
 from . import solvers
 from .baselines import kaiming_uniform, trunc_normal
 from .impulse import (ImpulseSolution, apply_impulse_solution, check_impulse_options,
@@ -25,8 +25,7 @@ from .impulse import (ImpulseSolution, apply_impulse_solution, check_impulse_opt
 from .mimetic import mimetic
 
 MIMETIC_OPTIONS = ("alpha", "beta", "alpha_v", "beta_v")
-IMPULSE_OPTIONS = ("kernel", "offsets", "pseudo_input", "pseudo_input_rest", "per_layer",
-                   "solver", "solution")
+IMPULSE_OPTIONS = ("kernel", *IMPULSE_SOLVE_OPTIONS, "solution")
 
 
 def _solver_options(solver: str) -> tuple[str, ...]:
@@ -45,7 +44,7 @@ class InitRecord:
     options: dict
     offsets: list | None = None
     solve_seconds: float = 0.0
-    loss: float | None = None
+    fit_mse: float | None = None       # the solve's fit on the pseudo-input (ImpulseSolution)
     target_mass: float | None = None
     solver_info: dict | None = None
 
@@ -66,7 +65,7 @@ def initialize(model, method: str, *, seed: int = 0, **options) -> InitRecord:
     check_structured_vit(model)
     if method == "impulse" and options.get("solution") is None:
         # Fail on a bad kernel / pseudo-input / solver before any weight is touched.
-        check_impulse_options(patch_grid(model), model.embed_dim, model.blocks[0].attn.num_heads,
+        check_impulse_options(patch_grid_of(model), model.embed_dim, model.blocks[0].attn.num_heads,
                               **options)
     record = InitRecord(method=method, seed=seed, options={k: v for k, v in options.items()
                                                            if k != "solution"})
@@ -84,13 +83,13 @@ def initialize(model, method: str, *, seed: int = 0, **options) -> InitRecord:
             solution = options.pop("solution", None)
             if solution is None:
                 blocks = model.blocks
-                solution = solve_impulse_qk(patch_grid(model), model.embed_dim,
+                solution = solve_impulse_qk(patch_grid_of(model), model.embed_dim,
                                             blocks[0].attn.num_heads, len(blocks), seed=seed, **options)
             apply_impulse_solution(model, solution)
             record.options = solution.options
             record.offsets = solution.offsets
             record.solve_seconds = solution.solve_seconds
-            record.loss = solution.loss
+            record.fit_mse = solution.fit_mse
             record.target_mass = solution.target_mass
             record.solver_info = {k: v for k, v in solution.solver_info["layer0"].items()
                                   if k != "loss_history"}

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import OFFSET_ORDERS, PSEUDO_INPUTS, check_kernel
-from ..models.vit import check_structured_vit, patch_grid, sincos_position_encoding
+from ..models.vit import check_structured_vit, patch_grid_of, sincos_position_encoding
 from ..numerics import use_pinned_threads
 from .solvers import SOLVERS, attention_from_qk, mean_target_mass
 
@@ -53,15 +53,15 @@ def assign_offsets(num_heads: int, kernel: int, order: str, generator: torch.Gen
     if order == "fixed":
         seq = fixed_offset_order(kernel)
         return [seq[h % len(seq)] for h in range(num_heads)]
-    raise ValueError(f"unknown offsets={order!r}; choose one of {OFFSET_ORDERS}")
+    raise ValueError(f"unknown offset_order={order!r}; choose one of {OFFSET_ORDERS}")
 
 
-def impulse_attention_target(grid: tuple[int, int], offset: tuple[int, int]) -> torch.Tensor:
+def impulse_attention_target(patch_grid: tuple[int, int], offset: tuple[int, int]) -> torch.Tensor:
     """(N, N) target: row t(i, j) has a single 1 at t(i+m, j+n) when that is on the grid.
 
     Rows whose shifted position falls off the grid stay all-zero (zero padding).
     """
-    H, W = grid
+    H, W = patch_grid
     m, n = offset
     i, j = torch.meshgrid(torch.arange(H), torch.arange(W), indexing="ij")
     i2, j2 = i + m, j + n
@@ -78,7 +78,7 @@ def layer_norm_rows(x: torch.Tensor) -> torch.Tensor:
     return F.layer_norm(x, x.shape[-1:], eps=1e-5)
 
 
-def make_pseudo_input(kind: str, grid: tuple[int, int], embed_dim: int,
+def make_pseudo_input(kind: str, patch_grid: tuple[int, int], embed_dim: int,
                  generator: torch.Generator) -> torch.Tensor:
     """Data-free stand-in for the tokens a layer sees, (N, C), layer-normalized.
 
@@ -87,8 +87,8 @@ def make_pseudo_input(kind: str, grid: tuple[int, int], embed_dim: int,
     """
     if kind not in PSEUDO_INPUTS:
         raise ValueError(f"unknown pseudo_input {kind!r}; choose one of {PSEUDO_INPUTS}")
-    shape = (grid[0] * grid[1], embed_dim)
-    pe = sincos_position_encoding(grid, embed_dim)
+    shape = (patch_grid[0] * patch_grid[1], embed_dim)
+    pe = sincos_position_encoding(patch_grid, embed_dim)
     uniform = lambda: torch.rand(shape, generator=generator) * 2 - 1  # noqa: E731
     gaussian = lambda: torch.nn.init.trunc_normal_(  # noqa: E731
         torch.empty(shape), std=math.sqrt(0.5), a=-2.0, b=2.0, generator=generator)
@@ -108,10 +108,10 @@ class ImpulseSolution:
     k: torch.Tensor
     kappas: list[list[int]]
     offsets: list[list[tuple[int, int]]]
-    grid: tuple[int, int]
+    patch_grid: tuple[int, int]
     options: dict
     solve_seconds: float | None     # None when read back from an artifact (timings are not kept)
-    loss: float             # MSE between solved maps and targets on the pseudo-input
+    fit_mse: float          # MSE between solved maps and targets on the pseudo-input (block 0)
     target_mass: float      # mean attention mass on the target key (rows with a target)
     solver_info: dict = field(default_factory=dict)
 
@@ -122,40 +122,40 @@ class ImpulseSolution:
     def from_dict(cls, d: dict) -> "ImpulseSolution":
         d = {"solve_seconds": None, **d}
         d["offsets"] = [[tuple(o) for o in layer] for layer in d["offsets"]]
-        d["grid"] = tuple(d["grid"])
+        d["patch_grid"] = tuple(d["patch_grid"])
         return cls(**d)
 
 
-def check_impulse_options(grid, embed_dim, num_heads, *, kernel=3, offsets="random",
+def check_impulse_options(patch_grid, embed_dim, num_heads, *, kernel=3, offset_order="random",
                           pseudo_input="P", pseudo_input_rest=None, solver="closed_form",
                           **_ignored) -> None:
     """Raise a clear error for a bad option, before any work is done."""
-    check_kernel(kernel, tuple(grid))
+    check_kernel(kernel, tuple(patch_grid))
     if embed_dim % num_heads:
         raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
     for kind in (pseudo_input, pseudo_input_rest or pseudo_input):
         if kind not in PSEUDO_INPUTS:
             raise ValueError(f"unknown pseudo_input {kind!r}; choose one of {PSEUDO_INPUTS}")
-    if offsets not in OFFSET_ORDERS:
-        raise ValueError(f"unknown offsets={offsets!r}; choose one of {OFFSET_ORDERS}")
+    if offset_order not in OFFSET_ORDERS:
+        raise ValueError(f"unknown offset_order={offset_order!r}; choose one of {OFFSET_ORDERS}")
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; choose one of {tuple(SOLVERS)}")
 
 
-def solve_impulse_qk(grid: tuple[int, int], embed_dim: int, num_heads: int, depth: int, *,
-                     kernel: int = 3, offsets: str = "random", pseudo_input: str = "P",
+def solve_impulse_qk(patch_grid: tuple[int, int], embed_dim: int, num_heads: int, depth: int, *,
+                     kernel: int = 3, offset_order: str = "random", pseudo_input: str = "P",
                      pseudo_input_rest: str | None = None, per_layer: bool = False,
                      solver: str = "closed_form", seed: int = 0, **solver_options) -> ImpulseSolution:
-    """Solve W_q, W_k for every block of a (grid, width, heads, depth) ViT. No model needed.
+    """Solve W_q, W_k for every block of a (patch grid, width, heads, depth) ViT. No model needed.
 
     pseudo_input is what block 0 sees; pseudo_input_rest (default: the same) what later
     blocks see. Shared (per_layer=False): block 0 is solved on pseudo_input and every later
     block reuses one solve on pseudo_input_rest (one solve in all when they are equal).
     per_layer=True solves every block afresh, with new offsets and a new pseudo-input draw.
     """
-    grid = tuple(grid)
+    patch_grid = tuple(patch_grid)
     use_pinned_threads()            # the solve runs on CPU: its bytes depend on the thread count
-    check_impulse_options(grid, embed_dim, num_heads, kernel=kernel, offsets=offsets,
+    check_impulse_options(patch_grid, embed_dim, num_heads, kernel=kernel, offset_order=offset_order,
                           pseudo_input=pseudo_input, pseudo_input_rest=pseudo_input_rest,
                           solver=solver)
     pseudo_input_rest = pseudo_input_rest or pseudo_input
@@ -173,14 +173,14 @@ def solve_impulse_qk(grid: tuple[int, int], embed_dim: int, num_heads: int, dept
         if key in solved:
             continue
         kind = pseudo_input if l == 0 else pseudo_input_rest
-        kappas = assign_offsets(num_heads, kernel, offsets, gen)
+        kappas = assign_offsets(num_heads, kernel, offset_order, gen)
         mn = [kernel_offset(k, kernel) for k in kappas]
-        targets = torch.stack([impulse_attention_target(grid, o) for o in mn])  # (H, N, N)
-        x = make_pseudo_input(kind, grid, embed_dim, gen)                        # (N, C)
+        targets = torch.stack([impulse_attention_target(patch_grid, o) for o in mn])  # (H, N, N)
+        x = make_pseudo_input(kind, patch_grid, embed_dim, gen)                  # (N, C)
         q, k, info = solve(x, targets, head_dim=head_dim, scale=scale, generator=gen,
                            **solver_options)
         maps = attention_from_qk(x, q, k, scale)
-        info = dict(info, loss=F.mse_loss(maps, targets).item(),
+        info = dict(info, fit_mse=F.mse_loss(maps, targets).item(),
                     target_mass=mean_target_mass(maps, targets))
         solved[key] = (q, k, kappas, mn, info)
     seconds = time.perf_counter() - t0
@@ -189,12 +189,13 @@ def solve_impulse_qk(grid: tuple[int, int], embed_dim: int, num_heads: int, dept
     first = per_block[0][4]
     return ImpulseSolution(
         q=torch.stack([b[0] for b in per_block]), k=torch.stack([b[1] for b in per_block]),
-        kappas=[b[2] for b in per_block], offsets=[b[3] for b in per_block], grid=grid,
-        options=dict(kernel=kernel, offsets=offsets, pseudo_input=pseudo_input,
+        kappas=[b[2] for b in per_block], offsets=[b[3] for b in per_block],
+        patch_grid=patch_grid,
+        options=dict(kernel=kernel, offset_order=offset_order, pseudo_input=pseudo_input,
                      pseudo_input_rest=pseudo_input_rest, per_layer=per_layer, solver=solver,
                      seed=seed, embed_dim=embed_dim, num_heads=num_heads, depth=depth,
                      **solver_options),
-        solve_seconds=seconds, loss=first["loss"], target_mass=first["target_mass"],
+        solve_seconds=seconds, fit_mse=first["fit_mse"], target_mass=first["target_mass"],
         solver_info={"solves": len(solved), "layer0": first,
                      "per_solve": [v[4] for _, v in sorted(solved.items())]},
     )
@@ -210,14 +211,13 @@ def apply_impulse_solution(model, solution: ImpulseSolution) -> None:
     check_structured_vit(model)
     L, H, C, r = solution.q.shape
     if (len(model.blocks), model.blocks[0].attn.num_heads, model.embed_dim) != (L, H, C) \
-            or patch_grid(model) != tuple(solution.grid):
+            or patch_grid_of(model) != tuple(solution.patch_grid):
         raise ValueError(
-            f"solution is for depth={L}, heads={H}, width={C}, grid={solution.grid}; the model has "
+            f"solution is for depth={L}, heads={H}, width={C}, patch grid={solution.patch_grid}; the model has "
             f"depth={len(model.blocks)}, heads={model.blocks[0].attn.num_heads}, "
-            f"width={model.embed_dim}, grid={patch_grid(model)}")
+            f"width={model.embed_dim}, patch grid={patch_grid_of(model)}")
     for l, block in enumerate(model.blocks):
         w = block.attn.qkv.weight  # (3C, C)
         for h in range(H):
             w[h * r:(h + 1) * r] = solution.q[l, h].T.to(w)
             w[C + h * r:C + (h + 1) * r] = solution.k[l, h].to(w)
-    model.impulse_offsets = solution.offsets  # read by attention_maps to measure mass

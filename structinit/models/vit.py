@@ -11,15 +11,15 @@ import torch
 from timm.layers import build_sincos2d_pos_embed
 from timm.models import VisionTransformer
 
-# The paper's ViT-T/2 for 32x32 images (section 5 of the method page).
-VIT_T2 = dict(img_size=32, patch_size=2, embed_dim=192, depth=12, num_heads=3)
+# create_vit's arguments for the paper's ViT-T/2 on 32x32 images (method page, section 5).
+VIT_T2_CIFAR = dict(img_size=32, patch_size=2, embed_dim=192, depth=12, num_heads=3)
 
 
-def sincos_position_encoding(grid: tuple[int, int], embed_dim: int) -> torch.Tensor:
+def sincos_position_encoding(patch_grid: tuple[int, int], embed_dim: int) -> torch.Tensor:
     """Fixed 2-D sin-cos encoding, (H*W, C), token t(i, j) = i*W + j."""
     if embed_dim % 4:
         raise ValueError(f"embed_dim={embed_dim}: a 2-D sin-cos encoding needs a multiple of 4")
-    return build_sincos2d_pos_embed(list(grid), dim=embed_dim)
+    return build_sincos2d_pos_embed(list(patch_grid), dim=embed_dim)
 
 
 def create_vit(
@@ -50,7 +50,7 @@ def create_vit(
     return model
 
 
-def patch_grid(model: VisionTransformer) -> tuple[int, int]:
+def patch_grid_of(model: VisionTransformer) -> tuple[int, int]:
     """(H, W) of the model's patch grid."""
     return tuple(model.patch_embed.grid_size)
 
@@ -62,8 +62,7 @@ def reset_position_encoding(model: VisionTransformer) -> None:
     random or trainable encoding behind.
     """
     check_structured_vit(model)
-    grid = patch_grid(model)
-    pe = sincos_position_encoding(grid, model.embed_dim)  # (N, C)
+    pe = sincos_position_encoding(patch_grid_of(model), model.embed_dim)  # (N, C)
     with torch.no_grad():
         model.pos_embed.copy_(pe.unsqueeze(0).to(model.pos_embed))
     model.pos_embed.requires_grad_(False)

@@ -1,6 +1,6 @@
 """End to end: the default `dvc repro` in a fresh clone, timed stage by stage.
 
-    python -m benchmarks.pipeline [--target aggregate] [--repo .] [--keep]
+    python -m benchmarks.fresh_repro [--target aggregate] [--repo .] [--keep]
 
 Clones the repository's committed HEAD into a temporary folder (what a user gets: no DVC
 cache, nothing run yet; commit first to measure local changes), runs `dvc repro <target>`

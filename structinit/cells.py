@@ -1,0 +1,164 @@
+"""Which cells params.yaml asks for, and what they are called: the one home of cell names.
+
+A *cell* is one configuration trained on one dataset for every seed of its seed list; each
+seed's results live in <results>/<cell>/seed<s>/. Names, as dvc.yaml's matrix stages write
+their output folders (tests/test_cells.py checks that the two agree):
+
+    main grid      <dataset>-<init>                 digits-mimetic, digits-impulse3
+    convmixer      <dataset>-<size>-<mode>          digits-cm64d4k3-learned
+    pseudo_input   <dataset>-<variant>              digits-UU, digits-PPL
+    heads_width    <dataset>-<shape>-<init>         digits-h6-impulse3
+    data_size      <dataset>-<fraction>-<init>      digits-0.1-mimetic
+
+An initializer name is a baseline (trunc_normal, kaiming_uniform, mimetic) or impulse<k>,
+the structured init with a k x k kernel. Torch-free: the params schema and the report stages
+use it too.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import METHODS, PSEUDO_INPUTS
+
+IMPULSE = "impulse"
+BASELINES = tuple(m for m in METHODS if m != IMPULSE)   # kernel-independent initializers
+STUDIES = ("convmixer", "pseudo_input", "heads_width", "data_size")
+
+
+# ---- initializer names --------------------------------------------------------------------
+
+def impulse_init(kernel: int) -> str:
+    """The structured init with a k x k kernel, as cells name it: impulse_init(3) == "impulse3"."""
+    return f"{IMPULSE}{kernel}"
+
+
+def impulse_kernel(init: str) -> int | None:
+    """"impulse5" -> 5; None for any other name."""
+    rest = init.removeprefix(IMPULSE)
+    return int(rest) if rest != init and rest.isdigit() else None
+
+
+def parse_init(init: str) -> tuple[str, int | None]:
+    """A cell's initializer name -> (initialize() method, kernel or None); ValueError naming
+    what is allowed otherwise. "impulse3" -> ("impulse", 3), "mimetic" -> ("mimetic", None)."""
+    if init in BASELINES:
+        return init, None
+    if (k := impulse_kernel(init)) is not None:
+        return IMPULSE, k
+    raise ValueError(f"{init!r} is not an initializer; allowed: {list(BASELINES)} "
+                     f"or {IMPULSE}<k> (the structured init, k x k kernel, e.g. {impulse_init(3)})")
+
+
+def init_label(init: str) -> str:
+    """How the reports name an initializer: "Trunc Normal", "Imp.-3"."""
+    labels = {"kaiming_uniform": "Kaiming Uniform", "trunc_normal": "Trunc Normal", "mimetic": "Mimetic"}
+    return labels.get(init) or f"Imp.-{impulse_kernel(init)}"
+
+
+# ---- pseudo-input variants (the pseudo-input study's cells) ---------------------------------
+
+def pseudo_variant(pseudo_input: str, pseudo_input_rest: str | None, per_layer: bool) -> str:
+    """Structured-init options -> their pseudo-input variant name (parse_pseudo_variant's inverse)."""
+    return pseudo_input + (pseudo_input_rest or pseudo_input) + ("L" if per_layer else "")
+
+
+def parse_pseudo_variant(variant: str) -> dict:
+    """Pseudo-input variant name -> structured-init options.
+
+    "<first><rest>[L]": pseudo-input of block 0, of the later blocks (P, U, G, A, B), and an
+    optional "L" for a per-layer solve (default: one shared solve). "PP" is the main grid's
+    structured init; "UPL" = U for block 0, P after, each block solved afresh.
+    """
+    per_layer = variant.endswith("L")
+    core = variant[:-1] if per_layer else variant
+    if len(core) != 2 or any(c not in PSEUDO_INPUTS for c in core):
+        raise ValueError(f"pseudo-input variant {variant!r}: expected two of {PSEUDO_INPUTS} "
+                         "(first block, later blocks) and an optional 'L' (per-layer solve), e.g. 'UP', 'PPL'")
+    return {"pseudo_input": core[0], "pseudo_input_rest": core[1], "per_layer": per_layer}
+
+
+def main_variant(params: dict) -> str:
+    """The pseudo-input variant the main grid's structured init runs ("PP" by default)."""
+    s = params["solve"]
+    return pseudo_variant(s["pseudo_input"], s["pseudo_input_rest"], s["per_layer"])
+
+
+# ---- the cells params.yaml asks for ---------------------------------------------------------
+
+def main_inits(params: dict) -> list[str]:
+    """The main grid's initializers, in table order: grid.baselines, then impulse<k> per grid.kernels."""
+    grid = params["grid"]
+    return list(grid["baselines"]) + [impulse_init(k) for k in grid["kernels"]]
+
+
+def main_cell(dataset: str, init: str) -> str:
+    return f"{dataset}-{init}"
+
+
+def solve_cell(dataset: str, kernel: int) -> str:
+    """preoptimize's / reference_solve's name for the structured init's solves of one kernel."""
+    return f"{dataset}-{kernel}"
+
+
+def main_runs(params: dict) -> list[tuple[str, str, int]]:
+    """Every (dataset, init, seed) of the main grid, in table order."""
+    grid = params["grid"]
+    return list(itertools.product(grid["datasets"], main_inits(params), grid["seeds"]))
+
+
+@dataclass(frozen=True)
+class Run:
+    """One seed of one cell: where its results are and what the report's row calls it."""
+    folder: Path                   # <results>/<cell>
+    seed: int
+    fields: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def dir(self) -> Path:
+        return seed_dir(self.folder, self.seed)
+
+
+def seed_dir(cell_dir: str | Path, seed: int) -> Path:
+    """One seed's folder inside a cell's output folder (a stage trains every seed of a cell)."""
+    return Path(cell_dir) / f"seed{seed}"
+
+
+def study_cell(study: str, dataset: str, *parts) -> str:
+    """A study cell's name: the dataset, then the study's matrix values (module docstring)."""
+    if study not in STUDIES:
+        raise ValueError(f"unknown study {study!r}; choose one of {STUDIES}")
+    return "-".join(str(p) for p in (dataset, *parts))
+
+
+def study_runs(params: dict, study: str, main: str | Path, studies: str | Path) -> list[Run]:
+    """Every run a study's table reads: its own cells under <studies>/<study>/, then the main
+    grid's cells it reuses under <main>/ (the pseudo-input study's main variant, the heads/width
+    study's recipe shape, the data-size study's 100 % points)."""
+    if study not in STUDIES:
+        raise ValueError(f"unknown study {study!r}; choose one of {STUDIES}")
+    s = params["studies"][study]
+    main, own = Path(main), Path(studies) / study
+    if study == "convmixer":
+        return [Run(own / study_cell(study, d, z, m), seed, dict(dataset=d, size=z, mode=m))
+                for d, z, m, seed in itertools.product(s["datasets"], s["sizes"], s["modes"], s["seeds"])]
+    if study == "pseudo_input":
+        k, variant = s["kernel"], main_variant(params)
+        runs = [Run(own / study_cell(study, d, v), seed, dict(dataset=d, variant=v, solve="study"))
+                for d, v, seed in itertools.product(s["datasets"], s["variants"], s["seeds"])]
+        if variant not in s["variants"]:
+            runs += [Run(main / main_cell(d, impulse_init(k)), seed,
+                         dict(dataset=d, variant=variant, solve="main grid"))
+                     for d, seed in itertools.product(s["datasets"], s["seeds"])]
+        return runs
+    if study == "heads_width":
+        return ([Run(own / study_cell(study, d, z, i), seed, dict(dataset=d, shape=z, init=i))
+                 for d, z, i, seed in itertools.product(s["datasets"], s["shapes"], s["inits"], s["seeds"])]
+                + [Run(main / main_cell(d, i), seed, dict(dataset=d, shape="recipe", init=i))
+                   for d, i, seed in itertools.product(s["datasets"], s["inits"], s["seeds"])])
+    # data_size
+    return ([Run(own / study_cell(study, d, f, i), seed, dict(dataset=d, fraction=f, init=i))
+             for d, f, i, seed in itertools.product(s["datasets"], s["fractions"], s["inits"], s["seeds"])]
+            + [Run(main / main_cell(d, i), seed, dict(dataset=d, fraction=1.0, init=i))
+               for d, i, seed in itertools.product(s["datasets"], s["inits"], s["seeds"])])

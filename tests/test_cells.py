@@ -1,0 +1,59 @@
+"""structinit/cells.py: the cells params.yaml asks for, and their names (dvc.yaml's side of the
+names is checked in test_dvc_deps.py)."""
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from structinit import cells
+
+PARAMS = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+
+
+def test_initializer_names_round_trip_and_bad_names_say_what_is_allowed():
+    assert cells.impulse_init(5) == "impulse5" and cells.impulse_kernel("impulse5") == 5
+    assert cells.parse_init("impulse3") == ("impulse", 3)
+    assert cells.parse_init("mimetic") == ("mimetic", None)
+    assert cells.impulse_kernel("mimetic") is None and cells.impulse_kernel("impulse") is None
+    for bad in ("impulse", "impulsex", "xavier"):
+        with pytest.raises(ValueError, match=rf"'{bad}' is not an initializer; allowed: .*trunc_normal.*impulse<k>"):
+            cells.parse_init(bad)
+    assert [cells.init_label(i) for i in ("trunc_normal", "impulse5")] == ["Trunc Normal", "Imp.-5"]
+
+
+def test_pseudo_variant_names_round_trip():
+    for variant in ("PP", "UP", "PPL", "BGL"):
+        opts = cells.parse_pseudo_variant(variant)
+        assert cells.pseudo_variant(**opts) == variant
+    assert cells.pseudo_variant("P", None, False) == "PP"
+    with pytest.raises(ValueError, match="expected two of"):
+        cells.parse_pseudo_variant("PZ")
+
+
+def test_main_runs_follow_the_grid_in_table_order():
+    p = copy.deepcopy(PARAMS)
+    p["grid"].update(datasets=["digits", "svhn"], baselines=["mimetic"], kernels=[5, 3], seeds=[1, 0])
+    assert cells.main_inits(p) == ["mimetic", "impulse5", "impulse3"]
+    runs = cells.main_runs(p)
+    assert len(runs) == 2 * 3 * 2 and runs[:3] == [("digits", "mimetic", 1), ("digits", "mimetic", 0),
+                                                     ("digits", "impulse5", 1)]
+
+
+def test_study_runs_reuse_the_main_grid_only_where_the_study_says():
+    p = copy.deepcopy(PARAMS)
+    pi = p["studies"]["pseudo_input"]
+    pi.update(datasets=["digits"], variants=["UU"], seeds=[0, 1], kernel=3)
+    runs = cells.study_runs(p, "pseudo_input", "main", "studies")
+    assert [(r.folder.as_posix(), r.seed, r.fields["variant"]) for r in runs] == [
+        ("studies/pseudo_input/digits-UU", 0, "UU"), ("studies/pseudo_input/digits-UU", 1, "UU"),
+        ("main/digits-impulse3", 0, "PP"), ("main/digits-impulse3", 1, "PP")]
+    pi["variants"] = ["UU", "PP"]                       # PP trained by the study itself: no reuse
+    assert all(r.folder.parts[0] == "studies" for r in cells.study_runs(p, "pseudo_input", "main", "studies"))
+    ds = cells.study_runs(p, "data_size", "main", "studies")
+    s = p["studies"]["data_size"]
+    assert len(ds) == len(s["datasets"]) * (len(s["fractions"]) + 1) * len(s["inits"]) * len(s["seeds"])
+    assert {r.fields["fraction"] for r in ds if r.folder.parts[0] == "main"} == {1.0}
+    assert cells.Run(Path("x/digits-UU"), 2).dir == Path("x/digits-UU/seed2")
+    with pytest.raises(ValueError, match="unknown study 'sizes'"):
+        cells.study_runs(p, "sizes", "main", "studies")

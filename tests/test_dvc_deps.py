@@ -1,0 +1,122 @@
+"""dvc.yaml against the code: every stage's deps cover every project module its script imports
+(a module edit that DVC would not notice leaves stale results), and the matrix stages' output
+folders are the cell names structinit/cells.py gives (the one home of cell names)."""
+import ast
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+import structinit
+from structinit import cells
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("stages", "structinit", "benchmarks")
+
+
+def module_file(name: str) -> Path | None:
+    """A project module's file (package: its __init__.py); None outside the project."""
+    if name.split(".")[0] not in PACKAGES:
+        return None
+    base = REPO / Path(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.exists():
+            return path
+    return None
+
+
+def imported_modules(path: Path, name: str) -> set[str]:
+    """Every module an `import` anywhere in the file names (function-level imports included:
+    they run when the stage runs; `if TYPE_CHECKING:` blocks excluded: they never run),
+    resolved to project module names."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            node.body = []
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                base = node.module
+            out.add(base)
+            for alias in node.names:
+                if module_file(f"{base}.{alias.name}"):                # `from pkg import module`
+                    out.add(f"{base}.{alias.name}")
+                elif base == "structinit" and alias.name in structinit._MODULE_OF:   # lazy export
+                    out.add("structinit" + structinit._MODULE_OF[alias.name])
+    return out
+
+
+def import_closure(module: str) -> set[Path]:
+    """The files of `module` and of every project module it imports, transitively, with the
+    __init__.py of every package on the way (importing a.b runs a/__init__.py first)."""
+    seen, todo, files = set(), [module], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]    # parent packages
+        path = module_file(name)
+        if path is None:
+            continue
+        files.add(path.relative_to(REPO).as_posix())
+        todo += [m for m in imported_modules(path, name) if module_file(m)]
+    return files
+
+
+def resolved_stages() -> dict:
+    """Every stage of dvc.yaml as DVC resolves it (matrix expanded): name -> Stage."""
+    from dvc.repo import Repo
+
+    with Repo(str(REPO)) as repo:
+        return {s.addressing: s for s in repo.index.stages}
+
+
+@pytest.fixture(scope="module")
+def stages():
+    return resolved_stages()
+
+
+def test_every_stage_depends_on_every_module_its_script_imports(stages):
+    problems = []
+    for name, stage in stages.items():
+        script = re.search(r"python -m (stages\.\w+)", stage.cmd)
+        assert script, f"{name}: expected `python -m stages.<script>` in its cmd: {stage.cmd!r}"
+        deps = [d.def_path.rstrip("/") for d in stage.deps]
+        needed = import_closure(script[1])
+        missing = sorted(f for f in needed if not any(f == d or f.startswith(d + "/") for d in deps))
+        if missing:
+            problems.append(f"{name}: add to deps {missing}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_closure_sees_lazy_exports_and_function_level_imports():
+    # stages.train imports `ImageData` from structinit (lazily from structinit.data) and
+    # structinit.stream_train inside a function: both must be in its closure, or the test
+    # above could pass on an incomplete deps list
+    closure = import_closure("stages.train")
+    assert {"structinit/data.py", "structinit/stream_train.py", "structinit/__init__.py",
+            "stages/__init__.py", "structinit/init/impulse.py"} <= closure
+
+
+def test_matrix_stages_write_the_cells_that_cells_py_names(stages):
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    outs = {o.def_path for s in stages.values() for o in s.outs}
+    for dataset, init in {(d, i) for d, i, _ in cells.main_runs(params)}:
+        assert f"results/train/{cells.main_cell(dataset, init)}" in outs, (dataset, init)
+    for dataset, kernel in ((d, k) for d in params["grid"]["datasets"] for k in params["grid"]["kernels"]):
+        assert f"preoptimize@{cells.solve_cell(dataset, kernel)}" in stages
+        assert f"artifacts/preopt/{cells.solve_cell(dataset, kernel)}" in outs
+    for study in cells.STUDIES:
+        own = {r.folder.as_posix() for r in cells.study_runs(params, study, "results/train", "results/studies")
+               if r.folder.parts[1] == "studies"}
+        assert own and own <= outs, (study, sorted(own - outs))
