@@ -375,12 +375,9 @@ def _optimizer_state_of(opt: torch.optim.Optimizer, stack: StackedModels, i: int
 
 def loss_and_grads(stack: StackedModels, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
                    device: torch.device) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-    """The trainer's objective on a stacked batch, with its gradients.
-
-    x (N, B, ...), y (N, B): model i's batch is x[i], y[i]. Returns (each model's gradients
-    {parameter name: (N, ...)}, trainable parameters only; each model's mean label-smoothed
-    cross-entropy (N,); logits (N, B, classes)), under the config's autocast. This is the
-    `loss_and_grads` a ChunkedBackward runs on each chunk (cpu_chunks.py)."""
+    """The training objective of model i on x[i] (N, B, ...), y[i] (N, B) -> (gradients
+    {trainable name: (N, ...)}, mean label-smoothed loss (N,), logits (N, B, classes));
+    what ChunkedBackward runs on each chunk."""
     def objective(logits, labels):                   # one model's batch: (B, classes), (B,)
         return F.cross_entropy(logits.float(), labels, label_smoothing=cfg.label_smoothing)
     return stack.loss_and_grads(x, y, objective, lambda: autocast(cfg, device))
