@@ -18,6 +18,7 @@ from tabulate import tabulate
 
 from structinit import TrainConfig, initialize, prepare_dataset, train_models
 from structinit.build import build_model
+from structinit.cells import parse_init
 
 
 def run(data, rec, init, epochs, seeds):
@@ -25,10 +26,8 @@ def run(data, rec, init, epochs, seeds):
     models = []
     for seed in seeds:
         models.append(build_model(rec["model"], data.spec))
-        if init.startswith("impulse"):
-            initialize(models[-1], "impulse", kernel=int(init.removeprefix("impulse")), seed=seed)
-        else:
-            initialize(models[-1], init, seed=seed)
+        method, kernel = parse_init(init)
+        initialize(models[-1], method, seed=seed, **({"kernel": kernel} if kernel else {}))
     train = dict(rec["train"], epochs=epochs, warmup_epochs=max(1, round(0.05 * epochs)), eval_every=10)
     hists = train_models(models, data, [TrainConfig(**train, seed=seed) for seed in seeds], progress=False)
     return [[(h["epoch"], 100 * h["test_acc"]) for h in hist if "test_acc" in h] for hist in hists]

@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 
 from stages.common import load_params, read_cell, run_stage, write_json, write_text
-from structinit import cells as cell_names, report, stats
-from structinit.cells import impulse_init, init_label, main_cell, seed_dir, solve_cell
+from structinit import cells, report, stats
+from structinit.cells import impulse_init, init_label, main_cell, run_name, seed_dir, solve_cell
 
 
 def main():
@@ -30,13 +30,13 @@ def main():
         raise SystemExit(f"init.kernel={kernel} is not in grid.kernels={grid['kernels']}: the headline "
                          f"('ours') must be a trained cell. Run e.g. dvc exp run -S init.kernel={kernel} "
                          f"-S 'grid.kernels={sorted(set(grid['kernels']) | {kernel})}'")
-    inits, ours = cell_names.main_inits(params), impulse_init(kernel)
-    expected = cell_names.main_runs(params)
-    missing = [f"{main_cell(d, i)}-{s}" for d, i, s in expected
+    inits, ours = cells.main_inits(params), impulse_init(kernel)
+    expected = cells.main_runs(params)
+    missing = [run_name(main_cell(d, i), s) for d, i, s in expected
                if not (seed_dir(Path(a.results) / main_cell(d, i), s) / "metrics.json").exists()]
     if missing:
         raise SystemExit(f"missing results for {len(missing)} cell(s): {missing}")
-    cells = pd.DataFrame([{"dataset": d, "init": i, "seed": s,
+    runs = pd.DataFrame([{"dataset": d, "init": i, "seed": s,
                            **read_cell(Path(a.results) / main_cell(d, i), s)[0]} for d, i, s in expected])
     solves = list(itertools.product(grid["datasets"], grid["kernels"], grid["seeds"]))
 
@@ -49,26 +49,26 @@ def main():
 
     out = Path(a.out)
     run = report.what_ran(params, grid["datasets"], grid["seeds"])
-    comparisons = report.pairwise_comparisons(cells, "init")
+    comparisons = report.pairwise_comparisons(runs, "init")
     write_text(out / "main_table.md",
                "# Main table: test accuracy (%) by initializer\n\n"
                "Final-epoch top-1, mean ± std over seeds; in brackets the difference to Trunc Normal; "
                "95% CI = t-interval of the mean; n = seeds. \"paper\" is the paper's single-run "
                "number (ViT-T/2, 200 epochs) where it has one.\n\n"
                f"What ran: {run}\n\n"
-               + report.main_table(cells, grid["datasets"], inits, ours) + "\n\n"
+               + report.main_table(runs, grid["datasets"], inits, ours) + "\n\n"
                + stats.conclusions_block(comparisons, init_label) + "\n"
                + report.paper_main_block())
-    kernel_cmp = report.pairwise_comparisons(cells[cells.init.map(cell_names.impulse_kernel).notna()], "init")
+    kernel_cmp = report.pairwise_comparisons(runs[runs.init.map(cells.impulse_kernel).notna()], "init")
     write_text(out / "kernel_table.md",
                "# Structured init by kernel size\n\n"
                f"What ran: {run}\n\n"
                "init target mass: mean attention on the target key of the init that ran; official "
                "solver's mass: the paper's own solver (10,000 Adam steps) on the same shape, offsets "
                "and seeds (stage reference_solve).\n\n"
-               + report.kernel_table(cells, preopt, grid["datasets"], grid["kernels"], kernel) + "\n\n"
+               + report.kernel_table(runs, preopt, grid["datasets"], grid["kernels"], kernel) + "\n\n"
                + stats.conclusions_block(kernel_cmp, init_label) + "\n"
-               + report.paper_main_block([i for i in report.PAPER_MAIN if cell_names.impulse_kernel(i)]))
+               + report.paper_main_block([i for i in report.PAPER_MAIN if cells.impulse_kernel(i)]))
     write_text(out / "preopt_table.md",
                "# Pre-optimization (Q/K solve) per configuration\n\n"
                "fit = MSE between the solved maps and the impulse targets on the pseudo-input; "
@@ -81,8 +81,8 @@ def main():
                + report.preopt_table(preopt) + "\n")
     write_json(out / "conclusions.json", {"test": stats.TEST, "alpha": stats.ALPHA,
                                           "comparisons": [c.to_dict() for c in comparisons]})
-    write_json(out / "summary.json", report.summary(cells, grid["datasets"], inits, ours))
-    cells.to_csv(out / "cells.csv", index=False, float_format="%.3f")
+    write_json(out / "summary.json", report.summary(runs, grid["datasets"], inits, ours))
+    runs.to_csv(out / "cells.csv", index=False, float_format="%.3f")
     print((out / "main_table.md").read_text())
 
 

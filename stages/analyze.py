@@ -16,7 +16,7 @@ import torch
 from stages.common import load_params, recipe, run_stage, seeds_at
 from structinit.analysis import analyze_model, test_batch
 from structinit.build import initialized_vit, load_impulse_solution
-from structinit.cells import IMPULSE, parse_init, seed_dir, solve_cell
+from structinit.cells import IMPULSE, main_cell, parse_init, run_name, seed_dir, solve_cell
 from structinit.data import ImageData
 from structinit.datasets import STREAMED, get_spec
 from structinit.imagenet import check_root_matches, evaluation_images
@@ -100,7 +100,7 @@ def main():
                       "at_init": to_cpu(at_init), "trained": to_cpu(trained)})
         mass = "" if trained.target_images is None else (
             f", target mass on images {at_init.target_images.mean():.3f} -> {trained.target_images.mean():.3f}")
-        print(f"{a.dataset}-{a.init}-{seed}: mean attention distance on images "
+        print(f"{run_name(main_cell(a.dataset, a.init), seed)}: mean attention distance on images "
               f"{at_init.distance_images.mean():.2f} -> {trained.distance_images.mean():.2f} patches{mass}")
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import structinit.params
-from structinit.cells import seed_dir
+from structinit.cells import run_name, seed_dir
 from structinit.errors import StructinitError
 from structinit.io import without_timings, write_atomic
 
@@ -99,5 +99,5 @@ def read_cell(group_dir: Path, seed: int):
     curve = pd.read_csv(run / "plots/metrics/test/acc.tsv", sep="\t")
     return ({"acc": 100 * metrics["final_test_acc"], "best_acc": 100 * metrics["best_test_acc"],
              "epochs": int(metrics["step"]) + 1},
-            curve.assign(cell=f"{group_dir.name}-{seed}", epoch=curve.step + 1))
+            curve.assign(cell=run_name(group_dir.name, seed), epoch=curve.step + 1))
 

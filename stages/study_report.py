@@ -16,7 +16,7 @@ import yaml
 
 from stages.common import load_params, read_cell, recipe, run_stage, write_text
 from structinit import report, stats
-from structinit.cells import STUDIES, Run, init_label, main_variant, study_runs
+from structinit.cells import STUDIES, Run, impulse_init, init_label, main_variant, study_runs
 from structinit.config import FILTER_MODES
 from structinit.datasets import get_spec
 from structinit.steps import steps_per_epoch
@@ -72,7 +72,7 @@ def pseudo_input(params, main, studies):
     k, main_row = s["kernel"], main_variant(params)
     cells = _collect(study_runs(params, "pseudo_input", main, studies))
     variants = list(dict.fromkeys([main_row] + list(s["variants"])))
-    cells["kernel"] = f"Imp.-{k}"
+    cells["kernel"] = init_label(impulse_init(k))
     label = lambda v: (f"{v[0]} → {v[1]}, " + ("per-layer" if v.endswith("L") else "shared")  # noqa: E731
                        + (" (main grid)" if v == main_row else ""))
     return ("# Pseudo-input ablation for the structured init\n\n"
@@ -81,7 +81,7 @@ def pseudo_input(params, main, studies):
             "block. paper = CIFAR-10, PE everywhere with shared Q/K.\n\n"
             + _what_ran(params, "pseudo_input", f"Kernel {k}") + "\n\n"
             + (SOFTNESS_CAVEAT if params["solve"]["solver"] == "closed_form" else "")
-            + report.study_table(cells, "variant", "kernel", variants, [f"Imp.-{k}"],
+            + report.study_table(cells, "variant", "kernel", variants, [init_label(impulse_init(k))],
                                  {"PP": {"Imp.-3": report.PAPER_PSEUDO_INPUT["PP"]}}, "cifar10",
                                  row_label=label) + "\n\n"
             + stats.conclusions_block(report.pairwise_comparisons(cells, "variant"), label) + "\n"
@@ -96,7 +96,6 @@ def pseudo_input(params, main, studies):
 def heads_width(params, main, studies):
     s = params["studies"]["heads_width"]
     cells = _collect(study_runs(params, "heads_width", main, studies))
-    paper_inits = list(next(iter(report.PAPER_HEADS_WIDTH.values())))  # trunc_normal, mimetic, impulse3
     shapes = ["recipe"] + list(s["shapes"])
     desc = "; ".join(f"{z} = {params['model_shapes'][z]}" for z in s["shapes"])
     recipes = "; ".join(f"{d} recipe = {recipe(params, d)['model']}" for d in s["datasets"])
@@ -109,9 +108,9 @@ def heads_width(params, main, studies):
             + stats.conclusions_block(report.pairwise_comparisons(cells, "init", within="shape"), init_label)
             + "\n" + report.paper_block(
                 "heads and width on CIFAR-100 (top-1 %, quoted from the paper)",
-                {"recipe (ViT-T/h3)": {i: report.PAPER_MAIN[i]["cifar100"] for i in paper_inits},
+                {"recipe (ViT-T/h3)": {i: report.PAPER_MAIN[i]["cifar100"] for i in report.PAPER_HEADS_WIDTH_INITS},
                  **report.PAPER_HEADS_WIDTH},
-                {i: init_label(i) for i in paper_inits},
+                {i: init_label(i) for i in report.PAPER_HEADS_WIDTH_INITS},
                 "Single runs; the recipe row is the main table's CIFAR-100 column.", row_label=str))
 
 

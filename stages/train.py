@@ -22,7 +22,7 @@ from dvclive import Live
 from stages.common import load_params, log_timings, recipe, run_stage, seeds_at, write_record
 from structinit import ImageData, TrainConfig, stratified_subset
 from structinit.build import impulse_options, initialized_vit, load_impulse_solution
-from structinit.cells import IMPULSE, parse_init, parse_pseudo_variant, seed_dir, solve_cell
+from structinit.cells import IMPULSE, parse_init, parse_pseudo_variant, run_name, seed_dir, solve_cell
 from structinit.datasets import STREAMED, get_spec
 from structinit.distributed import DistributedContext, relaunch_under_torchrun, requested_micro_batch
 from structinit.imagenet import manifest_labels
@@ -41,8 +41,8 @@ def parse_args():
     ap.add_argument("--out", required=True, help="folder of per-seed dvclive folders (metrics, curves, init record)")
     ap.add_argument("--model-out", required=True, help="folder of per-seed weights")
     vit = ap.add_argument_group("ViT")
-    vit.add_argument("--init", help="trunc_normal, kaiming_uniform, mimetic, impulse, or impulse<k>")
-    vit.add_argument("--kernel", type=int, help="impulse: kernel size (or give impulse<k>)")
+    vit.add_argument("--init", help="the cell's initializer: trunc_normal, kaiming_uniform, mimetic or "
+                                    "impulse<k> (the structured init, k x k kernel)")
     vit.add_argument("--solutions", help="impulse: a preoptimize output folder (seed<s>.pt; else solved here)")
     vit.add_argument("--pseudo", help="impulse: pseudo-input variant, e.g. UP or PPL (see parse_pseudo_variant)")
     vit.add_argument("--shape", help="model shape override, a key of model_shapes in params.yaml")
@@ -57,16 +57,14 @@ def parse_args():
                       help="with --train-fraction: as many optimizer steps as the main grid's run "
                            "(epochs, warm-up and eval_every scaled: structinit/steps.py)")
     a = ap.parse_args()
-    if a.init and a.init != IMPULSE:                # a cell's name for it: mimetic, impulse3, ...
+    a.kernel = None
+    if a.init:                                      # "impulse3" -> initialize()'s "impulse", kernel 3
         try:
-            a.init, kernel = parse_init(a.init)
+            a.init, a.kernel = parse_init(a.init)
         except ValueError as e:
             ap.error(f"--init: {e}")
-        a.kernel = kernel if kernel is not None else a.kernel
     if bool(a.init) == bool(a.convmixer):
         ap.error("give either --init (ViT) or --convmixer SIZE --filter-mode MODE")
-    if a.init == IMPULSE and a.solutions is None and a.kernel is None:
-        ap.error("--init impulse needs --kernel or --solutions")
     if a.train_fraction is not None and not 0 < a.train_fraction < 1:
         ap.error(f"--train-fraction {a.train_fraction}: must be in (0, 1); 1 is the main grid's cell")
     if a.match_steps and a.train_fraction is None:
@@ -212,7 +210,7 @@ def main():
                        for h in history]})
         save_torch(seed_dir(a.model_out, seed).with_suffix(".pt"), model.state_dict())
         seed_dir(ckpt_dir, seed).with_suffix(".pt").unlink(missing_ok=True)
-        print(f"{cell}-{seed}: final test acc {history[-1]['test_acc']:.4f}")
+        print(f"{run_name(cell, seed)}: final test acc {history[-1]['test_acc']:.4f}")
 
 
 if __name__ == "__main__":

@@ -52,9 +52,10 @@ def parse_init(init: str) -> tuple[str, int | None]:
 
 
 def init_label(init: str) -> str:
-    """How the reports name an initializer: "Trunc Normal", "Imp.-3"."""
+    """How the reports name an initializer: "Trunc Normal", "Imp.-3" (any other name as it is)."""
     labels = {"kaiming_uniform": "Kaiming Uniform", "trunc_normal": "Trunc Normal", "mimetic": "Mimetic"}
-    return labels.get(init) or f"Imp.-{impulse_kernel(init)}"
+    kernel = impulse_kernel(init)
+    return labels.get(init) or (f"Imp.-{kernel}" if kernel is not None else init)
 
 
 # ---- pseudo-input variants (the pseudo-input study's cells) ---------------------------------
@@ -118,6 +119,11 @@ class Run:
     @property
     def dir(self) -> Path:
         return seed_dir(self.folder, self.seed)
+
+
+def run_name(cell: str, seed: int) -> str:
+    """One seed of a cell, as messages, curves and errors name it: "digits-mimetic-3"."""
+    return f"{cell}-{seed}"
 
 
 def seed_dir(cell_dir: str | Path, seed: int) -> Path:

@@ -27,13 +27,14 @@ def patch_grid_for(image_size: int, patch_size: int) -> tuple[int, int]:
     return image_size // patch_size, image_size // patch_size
 
 
-def check_kernel(kernel: int, grid: tuple[int, int]) -> None:
+def check_kernel(kernel: int, patch_grid: tuple[int, int]) -> None:
     """The impulse filter's size must be odd and fit the patch grid (ValueError otherwise)."""
     if not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0:
         raise ValueError(f"kernel={kernel!r}: the impulse filter needs an odd size >= 1 (3, 5, 7, ...)")
-    if kernel > min(grid):
-        raise ValueError(f"kernel={kernel} is larger than the {grid[0]}x{grid[1]} patch grid; "
-                         f"allowed: odd sizes up to {min(grid) - (1 - min(grid) % 2)}")
+    side = min(patch_grid)
+    if kernel > side:
+        raise ValueError(f"kernel={kernel} is larger than the {patch_grid[0]}x{patch_grid[1]} patch grid; "
+                         f"allowed: odd sizes up to {side - (1 - side % 2)}")
 
 
 @dataclass(frozen=True)

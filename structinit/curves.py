@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .cells import main_cell, seed_dir
+from .cells import main_cell, run_name, seed_dir
 from .errors import StructinitError
 from .io import write_atomic
 
@@ -35,7 +35,7 @@ def seed_run(results: str | Path, dataset: str, init: str, seed: int) -> Path:
 
 def missing_runs(results: str | Path, cells: list[tuple[str, str, int]]) -> list[str]:
     """The cells (named <dataset>-<init>-<seed>, as in aggregate's errors) lacking a curve file."""
-    return [f"{main_cell(d, i)}-{s}" for d, i, s in cells
+    return [run_name(main_cell(d, i), s) for d, i, s in cells
             if not all(_tsv(seed_run(results, d, i, s), m.split("_")[0], m.split("_")[1]).exists()
                        for m in METRICS)]
 

@@ -172,6 +172,7 @@ def init_description(solve: dict) -> str:
     """The structured init that ran (params.yaml's `solve`), and its softness relative to the
     official solver's."""
     solver = solve["solver"]
+    # "offsets random": the order in which heads got their offsets (solve.offset_order)
     text = f"solver {solver}, pseudo-input {solve['pseudo_input']}, offsets {solve['offset_order']}"
     if solver == "closed_form":
         mass = (solve.get("closed_form") or {}).get("target_mass")
@@ -207,6 +208,7 @@ def what_ran(params: dict, datasets, seeds, extra: str = "", vit: bool = True) -
 PAPER_CONVMIXER = {"cm512d6k3": {"learned": 92.82, "random": 92.2, "impulse": 92.2},
                    "cm256d8k3": {"learned": 91.76}}
 # CIFAR-100 by shape (secondary quotes): shape -> init -> top-1 %.
+PAPER_HEADS_WIDTH_INITS = ("trunc_normal", "mimetic", "impulse3")   # the paper's heads/width columns
 PAPER_HEADS_WIDTH = {"vit_s_h6": {"trunc_normal": 66.81, "mimetic": 73.86, "impulse3": 75.97},
                      "vit_s_h16": {"trunc_normal": 67.25, "mimetic": 72.72, "impulse3": 75.40}}
 # CIFAR-10 pseudo-input ablation: PE for every layer, shared Q/K.

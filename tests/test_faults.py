@@ -139,8 +139,8 @@ def test_a_damaged_preopt_artifact_fails_the_stage_in_one_line(tmp_path):
     for damage in ("pickled object", "truncated"):
         DAMAGE[damage](tmp_path / "sol/seed0.pt")
         r = subprocess.run(
-            [sys.executable, "-m", "stages.train", "--dataset", "digits", "--init", "impulse",
-             "--kernel", "3", "--seeds-from", "grid.seeds", "--solutions", str(tmp_path / "sol"),
+            [sys.executable, "-m", "stages.train", "--dataset", "digits", "--init", "impulse3",
+             "--seeds-from", "grid.seeds", "--solutions", str(tmp_path / "sol"),
              "--data", str(data), "--out", str(tmp_path / "out"), "--model-out", str(tmp_path / "m")],
             cwd=REPO, capture_output=True, text=True, env=dict(os.environ, STRUCTINIT_CKPT_DIR=str(tmp_path / "ck")))
         assert r.returncode == 1, r.stderr[-2000:]

@@ -44,7 +44,6 @@ def test_impulse_on_vit_t2_reports_mass():
     mass = si.attention_maps(model, offsets=rec.offsets).target_mass()
     assert mass.shape == (12, 3)
     assert mass.min().item() > 0.15            # uniform would be 1/256
-    assert rec.solve_seconds < 5
 
 
 def test_impulse_on_real_images_keeps_some_locality():

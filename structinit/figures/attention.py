@@ -22,10 +22,10 @@ def shown_blocks(depth: int) -> list[int]:
     return sorted({0, depth // 2, depth - 1})
 
 
-def uniform_distance(grid: tuple[int, int]) -> float:
+def uniform_distance(patch_grid: tuple[int, int]) -> float:
     """Mean attention distance (patches) of uniform attention on the grid: the no-structure
     reference every map starts near when weights are small."""
-    gh, gw = grid
+    gh, gw = patch_grid
     i, j = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
     pos = np.stack([i.ravel(), j.ravel()], 1).astype(float)
     return float(np.sqrt(((pos[:, None] - pos[None]) ** 2).sum(-1)).mean())
