@@ -57,3 +57,4 @@ def test_study_runs_reuse_the_main_grid_only_where_the_study_says():
     assert cells.Run(Path("x/digits-UU"), 2).dir == Path("x/digits-UU/seed2")
     with pytest.raises(ValueError, match="unknown study 'sizes'"):
         cells.study_runs(p, "sizes", "main", "studies")
+
