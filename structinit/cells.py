@@ -2,7 +2,7 @@
 
 A *cell* is one configuration trained on one dataset for every seed of its seed list; each
 seed's results live in <results>/<cell>/seed<s>/. Names, as dvc.yaml's matrix stages write
-their output folders (tests/test_cells.py checks that the two agree):
+their output folders (tests/test_dvc_deps.py checks that the two agree):
 
     main grid      <dataset>-<init>                 digits-mimetic, digits-impulse3
     convmixer      <dataset>-<size>-<mode>          digits-cm64d4k3-learned
@@ -17,7 +17,7 @@ use it too.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .config import METHODS, PSEUDO_INPUTS
@@ -114,7 +114,7 @@ class Run:
     """One seed of one cell: where its results are and what the report's row calls it."""
     folder: Path                   # <results>/<cell>
     seed: int
-    fields: dict = field(default_factory=dict, compare=False)
+    fields: dict                   # the row's columns: dataset, init, variant, ...
 
     @property
     def dir(self) -> Path:
@@ -131,10 +131,8 @@ def seed_dir(cell_dir: str | Path, seed: int) -> Path:
     return Path(cell_dir) / f"seed{seed}"
 
 
-def study_cell(study: str, dataset: str, *parts) -> str:
+def study_cell(dataset: str, *parts) -> str:
     """A study cell's name: the dataset, then the study's matrix values (module docstring)."""
-    if study not in STUDIES:
-        raise ValueError(f"unknown study {study!r}; choose one of {STUDIES}")
     return "-".join(str(p) for p in (dataset, *parts))
 
 
@@ -147,11 +145,11 @@ def study_runs(params: dict, study: str, main: str | Path, studies: str | Path) 
     s = params["studies"][study]
     main, own = Path(main), Path(studies) / study
     if study == "convmixer":
-        return [Run(own / study_cell(study, d, z, m), seed, dict(dataset=d, size=z, mode=m))
+        return [Run(own / study_cell(d, z, m), seed, dict(dataset=d, size=z, mode=m))
                 for d, z, m, seed in itertools.product(s["datasets"], s["sizes"], s["modes"], s["seeds"])]
     if study == "pseudo_input":
         k, variant = s["kernel"], main_variant(params)
-        runs = [Run(own / study_cell(study, d, v), seed, dict(dataset=d, variant=v, solve="study"))
+        runs = [Run(own / study_cell(d, v), seed, dict(dataset=d, variant=v, solve="study"))
                 for d, v, seed in itertools.product(s["datasets"], s["variants"], s["seeds"])]
         if variant not in s["variants"]:
             runs += [Run(main / main_cell(d, impulse_init(k)), seed,
@@ -159,12 +157,12 @@ def study_runs(params: dict, study: str, main: str | Path, studies: str | Path) 
                      for d, seed in itertools.product(s["datasets"], s["seeds"])]
         return runs
     if study == "heads_width":
-        return ([Run(own / study_cell(study, d, z, i), seed, dict(dataset=d, shape=z, init=i))
+        return ([Run(own / study_cell(d, z, i), seed, dict(dataset=d, shape=z, init=i))
                  for d, z, i, seed in itertools.product(s["datasets"], s["shapes"], s["inits"], s["seeds"])]
                 + [Run(main / main_cell(d, i), seed, dict(dataset=d, shape="recipe", init=i))
                    for d, i, seed in itertools.product(s["datasets"], s["inits"], s["seeds"])])
     # data_size
-    return ([Run(own / study_cell(study, d, f, i), seed, dict(dataset=d, fraction=f, init=i))
+    return ([Run(own / study_cell(d, f, i), seed, dict(dataset=d, fraction=f, init=i))
              for d, f, i, seed in itertools.product(s["datasets"], s["fractions"], s["inits"], s["seeds"])]
             + [Run(main / main_cell(d, i), seed, dict(dataset=d, fraction=1.0, init=i))
                for d, i, seed in itertools.product(s["datasets"], s["inits"], s["seeds"])])

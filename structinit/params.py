@@ -281,7 +281,8 @@ def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
                 if (k := impulse_kernel(name)) is not None:
                     out += _kernel_problems("studies.heads_width.inits", name, k, model, d, f" with shape {z}")
     # studies that reuse the main grid's cells need those cells to exist
-    main_variant = cells.main_variant(p.model_dump())
+    plain = p.model_dump()
+    main_variant = cells.main_variant(plain)
     if main_variant not in s.pseudo_input.variants:      # the "PP" row is the main grid's impulse cell
         why = (f"the study reuses the main grid's {impulse_init(s.pseudo_input.kernel)} cells "
                f"(its {main_variant} row)")
@@ -293,7 +294,7 @@ def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
     why = "the study's \"recipe\" rows are the main grid's cells"
     out += _subset("studies.heads_width.seeds", s.heads_width.seeds, "grid.seeds", g.seeds, why)
     out += _subset("studies.heads_width.datasets", s.heads_width.datasets, "grid.datasets", g.datasets, why)
-    main_inits = cells.main_inits(p.model_dump())
+    main_inits = cells.main_inits(plain)
     out += _subset("studies.heads_width.inits", s.heads_width.inits, "the main grid's initializers",
                    main_inits, why)
     why = "the study's 100 % points are the main grid's cells"

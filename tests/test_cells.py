@@ -54,7 +54,7 @@ def test_study_runs_reuse_the_main_grid_only_where_the_study_says():
     s = p["studies"]["data_size"]
     assert len(ds) == len(s["datasets"]) * (len(s["fractions"]) + 1) * len(s["inits"]) * len(s["seeds"])
     assert {r.fields["fraction"] for r in ds if r.folder.parts[0] == "main"} == {1.0}
-    assert cells.Run(Path("x/digits-UU"), 2).dir == Path("x/digits-UU/seed2")
+    assert cells.Run(Path("x/digits-UU"), 2, {}).dir == Path("x/digits-UU/seed2")
     with pytest.raises(ValueError, match="unknown study 'sizes'"):
         cells.study_runs(p, "sizes", "main", "studies")
 
