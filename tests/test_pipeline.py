@@ -17,6 +17,7 @@ def sh(cwd, *cmd, check=True):
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", DVC_NO_ANALYTICS="1",
                GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
                GIT_COMMITTER_EMAIL="t@t", STRUCTINIT_CKPT_DIR=str(Path(cwd) / ".ckpt"))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)     # stages write __pycache__/ as on a user's machine
     r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     if check and r.returncode:
         raise AssertionError(f"{cmd} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
@@ -247,6 +248,8 @@ def test_a_dvc_remote_shares_every_trained_cell(tiny_repo, tmp_path):
     assert not (clone / "models").exists() or not any((clone / "models").rglob("*.pt"))
     sh(clone, "dvc", "pull")
     assert sorted(p.name for p in (clone / "models/digits-impulse3").iterdir()) == ["seed0.pt", "seed1.pt"]
+    sh(clone, sys.executable, "-m", "compileall", "-q", "structinit")   # bytecode is not a change
+    assert any((clone / "structinit/init").rglob("*.pyc"))
     assert "Data and pipelines are up to date" in sh(clone, "dvc", "status").stdout
     again = sh(clone, "dvc", "repro").stdout
     assert "Running stage" not in again, again
