@@ -97,7 +97,7 @@ def baseline_train(model, data, cfg, device, workers):
             torch.cuda.synchronize()
         train_s += time.perf_counter() - t
     acc = evaluate(model, data.test_images.to(device), data.test_labels.to(device),
-                   BatchAugmentation(data, cfg, device), cfg, device)["test_acc"]
+                   augmentation=BatchAugmentation(data, cfg, device), cfg=cfg, device=device)["test_acc"]
     return seen / train_s, acc
 
 

@@ -35,7 +35,7 @@ def main():
     missing = [run_name(main_cell(d, i), s) for d, i, s in expected
                if not (seed_dir(Path(a.results) / main_cell(d, i), s) / "metrics.json").exists()]
     if missing:
-        raise SystemExit(f"missing results for {len(missing)} cell(s): {missing}")
+        raise SystemExit(f"missing results for {len(missing)} run(s) (cell-seed): {missing}")
     runs = pd.DataFrame([{"dataset": d, "init": i, "seed": s,
                            **read_cell(Path(a.results) / main_cell(d, i), s)[0]} for d, i, s in expected])
     solves = list(itertools.product(grid["datasets"], grid["kernels"], grid["seeds"]))

@@ -16,7 +16,7 @@ import torch
 from stages.common import load_params, recipe, run_stage, seeds_at
 from structinit.analysis import analyze_model, test_batch
 from structinit.build import initialized_vit, load_impulse_solution
-from structinit.cells import IMPULSE, main_cell, parse_init, run_name, seed_dir, solve_cell
+from structinit.cells import IMPULSE, main_cell, main_stage, parse_init, run_name, seed_dir, solve_cell
 from structinit.data import ImageData
 from structinit.datasets import STREAMED, get_spec
 from structinit.imagenet import check_root_matches, evaluation_images
@@ -90,8 +90,9 @@ def main():
         model.to(device)
         at_init = analyze_model(model, images, offsets=record.offsets)
         weights = seed_dir(a.models, seed).with_suffix(".pt")
-        model.load_state_dict(load_torch(weights, f"trained weights: re-create them with dvc repro "
-                                                  f"-f train_*@{a.dataset}-*", map_location=device))
+        model.load_state_dict(load_torch(weights, "trained weights: re-create them with dvc repro "
+                                                  f"-f {main_stage('train', a.dataset, a.init)}",
+                                         map_location=device))
         trained = analyze_model(model, images, offsets=record.offsets)
         to_cpu = lambda m: {k: v.cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731
                             for k, v in m.to_dict().items()}

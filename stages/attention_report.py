@@ -13,7 +13,7 @@ import numpy as np
 
 from stages.common import load_params, run_stage, write_text
 from structinit import cells
-from structinit.cells import impulse_kernel, init_label, main_cell, seed_dir
+from structinit.cells import impulse_kernel, init_label, main_cell, main_stage, seed_dir
 from structinit import attention_summary as summary
 from structinit import report, stats
 from structinit.analysis import ModelAnalysis
@@ -23,14 +23,15 @@ from structinit.figures.style import save_figure
 from structinit.io import load_checked
 
 
-def load_cell(folder: Path, seed: int) -> dict:
-    d = load_checked(seed_dir(folder, seed).with_suffix(".pt"),
-                     f"an attention analysis: re-create it with dvc repro -f analyze_*@{folder.name}")
+def load_run(analysis: Path, ds: str, init: str, seed: int) -> dict:
+    """One seed's analysis of one main-grid cell: state -> ModelAnalysis."""
+    d = load_checked(seed_dir(analysis / main_cell(ds, init), seed).with_suffix(".pt"),
+                     f"an attention analysis: re-create it with dvc repro -f {main_stage('analyze', ds, init)}")
     return {s: ModelAnalysis.from_dict(d[s]) for s in summary.STATES}
 
 
-def dataset_section(ds, analysis: Path, figures: Path, inits, impulse_inits, seeds, images: int) -> str:
-    runs = {(i, s): load_cell(analysis / main_cell(ds, i), s) for i in inits for s in seeds}
+def dataset_section(ds, analysis: Path, figures: Path, *, inits, impulse_inits, seeds, images: int) -> str:
+    runs = {(i, s): load_run(analysis, ds, i, s) for i in inits for s in seeds}
     first = runs[inits[0], seeds[0]]["at_init"]
     gh = (first.profile_images.shape[-2] + 1) // 2
     gw = (first.profile_images.shape[-1] + 1) // 2
@@ -128,8 +129,8 @@ def main():
     first_run = lambda ds: seed_dir(Path(a.analysis) / main_cell(ds, inits[0]), grid["seeds"][0])  # noqa: E731
     images = {ds: load_checked(first_run(ds).with_suffix(".pt"),
                                "an attention analysis")["images"] for ds in grid["datasets"]}
-    sections = [dataset_section(ds, Path(a.analysis), Path(a.figures), inits, impulse_inits,
-                                grid["seeds"], images[ds]) for ds in grid["datasets"]]
+    sections = [dataset_section(ds, Path(a.analysis), Path(a.figures), inits=inits, impulse_inits=impulse_inits,
+                                seeds=grid["seeds"], images=images[ds]) for ds in grid["datasets"]]
     text = ("# Attention and representations: what each initializer does, at init and after training\n\n"
             "What ran: " + report.what_ran(params, grid["datasets"], grid["seeds"]) + " The main grid's "
             "models (seed by seed), rebuilt at initialization and loaded trained, on the first "

@@ -1,9 +1,9 @@
 """curves: every main-grid cell's training curves -> reports/curves.csv and one figure per
 dataset (reports/figures/curves/<dataset>.png).
 
-The expected cells are rebuilt from params.yaml as aggregate builds them (cells.main_runs:
+The expected runs are rebuilt from params.yaml as aggregate builds them (cells.main_runs:
 grid.datasets × (grid.baselines + impulse<k> per grid.kernels) × grid.seeds), so a shrunk grid leaves
-no stale rows and a missing cell fails the stage, naming it. The CSV feeds `dvc plots show`
+no stale rows and a missing run fails the stage, naming it. The CSV feeds `dvc plots show`
 (the top-level plots of dvc.yaml, template .dvc/plots/mean_band.json).
 """
 import argparse
@@ -21,12 +21,12 @@ def main():
     ap.add_argument("--csv", default="reports/curves.csv")
     ap.add_argument("--figures", default="reports/figures/curves", help="folder: <dataset>.png")
     a = ap.parse_args()
-    cells = main_runs(load_params())
-    table = curves.long_table(Path(a.results), cells)
+    runs = main_runs(load_params())
+    table = curves.long_table(Path(a.results), runs)
     curves.write_csv(table, a.csv)
     for path in write_curves_figures(table, a.figures):
         print(f"wrote {path}")
-    print(f"wrote {a.csv}: {len(table)} rows ({len(cells)} runs)")
+    print(f"wrote {a.csv}: {len(table)} rows ({len(runs)} runs)")
 
 
 if __name__ == "__main__":

@@ -19,8 +19,10 @@ def main():
         # The output is the manifest (files, labels, sizes): what the training stages read and
         # what DVC hashes in place of ~150 GB of images. The path itself is not part of it, so
         # moving the copy retrains nothing.
-        root = load_params()["local_datasets"][a.dataset]
-        manifest = scan_imagenet(root, num_classes=get_spec(a.dataset).num_classes)
+        local = load_params()["local_datasets"]
+        root = local[a.dataset]
+        manifest = scan_imagenet(root, num_classes=get_spec(a.dataset).num_classes,
+                                 require_full=local[f"{a.dataset}_require_full"])
         save_checked(a.out, manifest)
         print(f"{a.dataset}: {len(manifest['train'])} train / {len(manifest['val'])} val images in {root} "
               f"-> {a.out} (a manifest; images are read from {root} while training)")

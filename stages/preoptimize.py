@@ -6,7 +6,7 @@ from stages.common import load_params, log_timings, recipe, run_stage, seeds_at,
 from structinit.cells import seed_dir
 from structinit.io import save_checked, without_timings
 from structinit.config import patch_grid_for
-from structinit.data import get_spec
+from structinit.datasets import get_spec
 from structinit.init.impulse import solve_impulse_qk
 from structinit.build import impulse_options
 

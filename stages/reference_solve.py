@@ -11,7 +11,7 @@ import argparse
 from stages.common import load_params, log_timings, recipe, run_stage, seeds_at, write_record
 from structinit.cells import seed_dir
 from structinit.config import patch_grid_for
-from structinit.data import get_spec
+from structinit.datasets import get_spec
 from structinit.init.impulse import solve_impulse_qk
 
 # The settings that pick the offsets and the pseudo-input: the same as the solve that ran.

@@ -16,7 +16,7 @@ import yaml
 
 from stages.common import load_params, read_cell, recipe, run_stage, write_text
 from structinit import report, stats
-from structinit.cells import STUDIES, Run, impulse_init, init_label, main_variant, study_runs
+from structinit.cells import STUDIES, Run, impulse_init, init_label, main_variant, parse_pseudo_variant, study_runs
 from structinit.config import FILTER_MODES
 from structinit.datasets import get_spec
 from structinit.steps import steps_per_epoch
@@ -37,7 +37,7 @@ def _what_ran(params, study, extra=""):
 
 
 def _collect(runs: list[Run], logged=()):
-    """runs (cells.study_runs) -> DataFrame; fails naming every missing run.
+    """runs (cells.study_runs) -> DataFrame, one row per run; fails naming every missing run.
     logged: keys of each run's logged params (its params.yaml) to add as columns."""
     missing = [str(r.dir) for r in runs if not (r.dir / "metrics.json").exists()]
     if missing:
@@ -51,16 +51,16 @@ def _collect(runs: list[Run], logged=()):
 
 def convmixer(params, main, studies):
     s = params["studies"]["convmixer"]
-    cells = _collect(study_runs(params, "convmixer", main, studies))
+    runs = _collect(study_runs(params, "convmixer", main, studies))
     sizes = "; ".join(f"{z} = {params['convmixer_sizes'][z]}" for z in s["sizes"])
     return ("# ConvMixer: learned vs frozen spatial filters\n\n"
             "Why impulse filters: depthwise k×k filters learned, or frozen random U(±1/k), frozen "
             "impulse (one-hot) or frozen box (all taps equal); channel mixing always learned. "
             "paper = CIFAR-10 numbers quoted from the paper.\n\n"
             + _what_ran(params, "convmixer", f"ConvMixer sizes: {sizes}") + "\n\n"
-            + report.study_table(cells, "size", "mode", s["sizes"], s["modes"],
-                                 report.PAPER_CONVMIXER, "cifar10") + "\n\n"
-            + stats.conclusions_block(report.pairwise_comparisons(cells, "mode", within="size")) + "\n"
+            + report.study_table(runs, "size", "mode", rows=s["sizes"], cols=s["modes"],
+                                 paper=report.PAPER_CONVMIXER, paper_dataset="cifar10") + "\n\n"
+            + stats.conclusions_block(report.pairwise_comparisons(runs, "mode", within="size")) + "\n"
             + report.paper_block("ConvMixer on CIFAR-10 (top-1 %, quoted from the paper)",
                                  report.PAPER_CONVMIXER, {m: m for m in FILTER_MODES},
                                  "Single runs. Also quoted: a ViT with width 256 and 8 heads, "
@@ -70,23 +70,27 @@ def convmixer(params, main, studies):
 def pseudo_input(params, main, studies):
     s = params["studies"]["pseudo_input"]
     k, main_row = s["kernel"], main_variant(params)
-    cells = _collect(study_runs(params, "pseudo_input", main, studies))
+    runs = _collect(study_runs(params, "pseudo_input", main, studies))
     variants = list(dict.fromkeys([main_row] + list(s["variants"])))
-    cells["kernel"] = init_label(impulse_init(k))
-    label = lambda v: (f"{v[0]} → {v[1]}, " + ("per-layer" if v.endswith("L") else "shared")  # noqa: E731
-                       + (" (main grid)" if v == main_row else ""))
+    runs["kernel"] = impulse_init(k)            # init names, as the paper's numbers are keyed
+    paper_init = report.PAPER_PSEUDO_INPUT_INIT
+
+    def label(variant):
+        o = parse_pseudo_variant(variant)
+        return (f"{o['pseudo_input']} → {o['pseudo_input_rest']}, " + ("per-layer" if o["per_layer"] else "shared")
+                + (" (main grid)" if variant == main_row else ""))
     return ("# Pseudo-input ablation for the structured init\n\n"
             "Pseudo-input of the first block → of the later blocks (P: sin-cos encoding, U: uniform, "
             "G: truncated normal, A = P+U, B = P+G), one Q/K solve shared by every block or one per "
             "block. paper = CIFAR-10, PE everywhere with shared Q/K.\n\n"
             + _what_ran(params, "pseudo_input", f"Kernel {k}") + "\n\n"
             + (SOFTNESS_CAVEAT if params["solve"]["solver"] == "closed_form" else "")
-            + report.study_table(cells, "variant", "kernel", variants, [init_label(impulse_init(k))],
-                                 {"PP": {"Imp.-3": report.PAPER_PSEUDO_INPUT["PP"]}}, "cifar10",
-                                 row_label=label) + "\n\n"
-            + stats.conclusions_block(report.pairwise_comparisons(cells, "variant"), label) + "\n"
-            + report.paper_block("pseudo-input ablation on CIFAR-10 (top-1 %, Imp.-3)",
-                                 {"PP": {"Imp.-3": report.PAPER_PSEUDO_INPUT["PP"]}}, {"Imp.-3": "Imp.-3"},
+            + report.study_table(runs, "variant", "kernel", rows=variants, cols=[impulse_init(k)],
+                                 paper=report.PAPER_PSEUDO_INPUT, paper_dataset="cifar10",
+                                 row_label=label, col_label=init_label) + "\n\n"
+            + stats.conclusions_block(report.pairwise_comparisons(runs, "variant"), label) + "\n"
+            + report.paper_block(f"pseudo-input ablation on CIFAR-10 (top-1 %, {init_label(paper_init)})",
+                                 report.PAPER_PSEUDO_INPUT, {paper_init: init_label(paper_init)},
                                  "Single runs. P → P with one shared solve is the paper's best "
                                  "(90.75; 90.39 averaged over its runs); purely random pseudo-inputs "
                                  "were 3–4 points worse. The other variants' numbers are not quoted.",
@@ -95,7 +99,7 @@ def pseudo_input(params, main, studies):
 
 def heads_width(params, main, studies):
     s = params["studies"]["heads_width"]
-    cells = _collect(study_runs(params, "heads_width", main, studies))
+    runs = _collect(study_runs(params, "heads_width", main, studies))
     shapes = ["recipe"] + list(s["shapes"])
     desc = "; ".join(f"{z} = {params['model_shapes'][z]}" for z in s["shapes"])
     recipes = "; ".join(f"{d} recipe = {recipe(params, d)['model']}" for d in s["datasets"])
@@ -103,9 +107,10 @@ def heads_width(params, main, studies):
             "Each shape overrides the dataset recipe's model; \"recipe\" rows are the main grid's "
             "cells. paper = CIFAR-100 numbers quoted from the paper.\n\n"
             + _what_ran(params, "heads_width", f"{recipes}; {desc}") + "\n\n"
-            + report.study_table(cells, "shape", "init", shapes, list(s["inits"]),
-                                 report.PAPER_HEADS_WIDTH, "cifar100", col_label=init_label) + "\n\n"
-            + stats.conclusions_block(report.pairwise_comparisons(cells, "init", within="shape"), init_label)
+            + report.study_table(runs, "shape", "init", rows=shapes, cols=list(s["inits"]),
+                                 paper=report.PAPER_HEADS_WIDTH, paper_dataset="cifar100",
+                                 col_label=init_label) + "\n\n"
+            + stats.conclusions_block(report.pairwise_comparisons(runs, "init", within="shape"), init_label)
             + "\n" + report.paper_block(
                 "heads and width on CIFAR-100 (top-1 %, quoted from the paper)",
                 {"recipe (ViT-T/h3)": {i: report.PAPER_MAIN[i]["cifar100"] for i in report.PAPER_HEADS_WIDTH_INITS},
@@ -118,14 +123,14 @@ def data_size(params, main, studies, out, figures):
     from structinit.figures.data_size import write_data_size_figures  # matplotlib: this study only
 
     s = params["studies"]["data_size"]
-    cells = _data_size_cells(params, main, studies)
-    sizes = list(dict.fromkeys(cells["size"]))
+    runs = _data_size_runs(params, main, studies)
+    sizes = list(dict.fromkeys(runs["size"]))
     images = lambda z: z.replace(" (", " images (", 1)  # noqa: E731  "144 images (10 %)"
     held = "; ".join(f"{d} {images(z)}: {g.epochs.iloc[0]} epochs × {g.steps_per_epoch.iloc[0]} = "
-                     f"{g.steps.iloc[0]:,} steps" for (d, z), g in cells.groupby(["dataset", "size"], sort=False))
+                     f"{g.steps.iloc[0]:,} steps" for (d, z), g in runs.groupby(["dataset", "size"], sort=False))
     figures_md = "".join(f"![{p.stem}: accuracy vs training-set size]"
                          f"({Path(os.path.relpath(p, Path(out).parent)).as_posix()})\n\n"
-                         for p in write_data_size_figures(cells, figures))
+                         for p in write_data_size_figures(runs, figures))
     return ("# When does it matter? Accuracy against training-set size\n\n"
             "The main initializers trained on stratified subsets of the main grid's training set "
             "(`studies.data_size.fractions`, drawn with `data.subset_seed`: the same images for every "
@@ -137,37 +142,37 @@ def data_size(params, main, studies, out, figures):
             "steps, and the test set is evaluated about as often in steps, and at the last epoch "
             "(`structinit/steps.py`).\n\n"
             + _what_ran(params, "data_size", f"Steps held: {held}") + "\n\n"
-            + report.schedule_table(cells) + "\n\n"
-            + report.study_table(cells, "init", "size", list(s["inits"]), sizes,
+            + report.schedule_table(runs) + "\n\n"
+            + report.study_table(runs, "init", "size", rows=list(s["inits"]), cols=sizes,
                                  row_label=init_label, col_label=images) + "\n\n"
             + figures_md
-            + stats.conclusions_block(report.pairwise_comparisons(cells, "init", within="size"), init_label)
-            + _gap_block(cells, s, images)
+            + stats.conclusions_block(report.pairwise_comparisons(runs, "init", within="size"), init_label)
+            + _gap_block(runs, s, images)
             + "\n" + report.paper_main_block(s["inits"], note=(
                 "The paper has no data-size study. Its datasets differ in size and, for ImageNet-1K, "
                 "in recipe, so its columns are its only evidence on size, and a confounded one: "
                 + report.paper_gaps(s["inits"]) + ".")))
 
 
-def _data_size_cells(params, main, studies):
+def _data_size_runs(params, main, studies):
     """Every run of the study and its 100 % points (the main grid's cells), with what each ran:
     its training images (logged), the epochs it logged metrics for, and the optimizer steps."""
-    cells = _collect(study_runs(params, "data_size", main, studies),
-                     logged=("train_images", "batch_size", "warmup_epochs", "eval_every"))
-    cells["steps_per_epoch"] = [steps_per_epoch(n, b) for n, b in zip(cells.train_images, cells.batch_size)]
-    cells["steps"] = cells.epochs * cells.steps_per_epoch
-    cells = cells.sort_values(["dataset", "train_images"], kind="stable").reset_index(drop=True)
-    cells["size"] = [report.size_label(n, f) for n, f in zip(cells.train_images, cells.fraction)]
-    return cells
+    runs = _collect(study_runs(params, "data_size", main, studies),
+                    logged=("train_images", "batch_size", "warmup_epochs", "eval_every"))
+    runs["steps_per_epoch"] = [steps_per_epoch(n, b) for n, b in zip(runs.train_images, runs.batch_size)]
+    runs["steps"] = runs.epochs * runs.steps_per_epoch
+    runs = runs.sort_values(["dataset", "train_images"], kind="stable").reset_index(drop=True)
+    runs["size"] = [report.size_label(n, f) for n, f in zip(runs.train_images, runs.fraction)]
+    return runs
 
 
-def _gap_block(cells, s, condition) -> str:
+def _gap_block(runs, s, condition) -> str:
     """Does each initializer's difference to Trunc Normal change from the main grid's set to the
     smaller ones? Empty without Trunc Normal in the study."""
     if "trunc_normal" not in s["inits"] or len(s["inits"]) < 2:
         return ""
     changes = []
-    for d, rows in cells.groupby("dataset", sort=False):
+    for d, rows in runs.groupby("dataset", sort=False):
         groups = {key: g.acc.tolist() for key, g in rows.groupby(["init", "size"], sort=False)}
         full = rows[rows.fraction == 1.0]["size"].iloc[0]
         smaller = [z for z in reversed(list(dict.fromkeys(rows["size"]))) if z != full]  # largest first
@@ -179,14 +184,14 @@ def _gap_block(cells, s, condition) -> str:
             "Welch-Satterthwaite degrees of freedom, Holm-corrected over the dataset's tests); a "
             "change is stated only when the corrected p < 0.05.\n\n"
             + "\n".join(stats.gap_change_lines(changes, init_label, condition)) + "\n"
-            + near_chance_caveat(cells))
+            + near_chance_caveat(runs))
 
 
-def near_chance_caveat(cells) -> str:
+def near_chance_caveat(runs) -> str:
     """A generated caveat when the reference of the gaps never left chance: its 'gap' is then the
     other initializer's accuracy, not a difference between two trained models."""
     notes = []
-    for d, rows in cells[cells.init == "trunc_normal"].groupby("dataset", sort=False):
+    for d, rows in runs[runs.init == "trunc_normal"].groupby("dataset", sort=False):
         chance = 100 / get_spec(d).num_classes
         top = rows.groupby("size", sort=False).acc.mean().max()
         if top < 2 * chance:

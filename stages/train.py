@@ -57,10 +57,10 @@ def parse_args():
                       help="with --train-fraction: as many optimizer steps as the main grid's run "
                            "(epochs, warm-up and eval_every scaled: structinit/steps.py)")
     a = ap.parse_args()
-    a.kernel = None
-    if a.init:                                      # "impulse3" -> initialize()'s "impulse", kernel 3
+    a.method = a.kernel = None
+    if a.init:              # a.init stays the cell's name ("impulse3"); initialize() takes method, kernel
         try:
-            a.init, a.kernel = parse_init(a.init)
+            a.method, a.kernel = parse_init(a.init)
         except ValueError as e:
             ap.error(f"--init: {e}")
     if bool(a.init) == bool(a.convmixer):
@@ -88,7 +88,7 @@ def build(a, params, rec, spec, seed):
             raise SystemExit(f"unknown model shape {a.shape!r}; model_shapes has {sorted(shapes)}")
         model_cfg.update(shapes[a.shape])
     options = {}
-    if a.init == IMPULSE:
+    if a.method == IMPULSE:
         if a.solutions:
             options["solution"] = load_impulse_solution(
                 seed_dir(a.solutions, seed).with_suffix(".pt"), "a pre-optimization artifact: re-create "
@@ -96,7 +96,7 @@ def build(a, params, rec, spec, seed):
         else:
             options = {**impulse_options(params["solve"]), "kernel": a.kernel,
                        **(parse_pseudo_variant(a.pseudo) if a.pseudo else {})}
-    model, record = initialized_vit(model_cfg, spec, a.init, seed, **options)
+    model, record = initialized_vit(model_cfg, spec, a.method, seed, **options)
     return model, {"model": "vit", **model_cfg, **record.to_dict()}
 
 
@@ -123,7 +123,7 @@ def cell_fingerprint(init_record: dict, subset) -> dict:
     return {"init": without_timings(init_record), "subset": [int(i) for i in subset]}
 
 
-def train_streamed_seeds(a, models, params, manifest, cfgs, subset, ckpt_dir, fingerprints, log):
+def train_streamed_seeds(a, models, params, *, manifest, cfgs, subset, ckpt_dir, fingerprints, log):
     """Each seed in turn (one model fills the devices), on every process of this torchrun."""
     from structinit.imagenet import check_root_matches, imagenet_datasets
     from structinit.stream_train import train_streamed
@@ -186,8 +186,8 @@ def main():
             lives[i].next_step()
 
         if streamed:
-            histories = train_streamed_seeds(a, models, params, manifest, cfgs, subset, ckpt_dir,
-                                             fingerprints, log)
+            histories = train_streamed_seeds(a, models, params, manifest=manifest, cfgs=cfgs, subset=subset,
+                                             ckpt_dir=ckpt_dir, fingerprints=fingerprints, log=log)
         else:
             ctx = DistributedContext.from_env()
             ctx.start()

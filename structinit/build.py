@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .config import IMPULSE_SOLVE_OPTIONS
-from .data import DatasetSpec
+from .datasets import DatasetSpec
 from .models.vit import create_vit
 
 

@@ -98,6 +98,22 @@ def main_cell(dataset: str, init: str) -> str:
     return f"{dataset}-{init}"
 
 
+MAIN_STAGES = ("train", "analyze")       # dvc.yaml's stages with one cell of the main grid each
+
+
+def main_stage(stage: str, dataset: str, init: str) -> str:
+    """DVC's exact address of the stage that makes a main-grid cell, for `dvc repro -f`:
+    main_stage("train", "digits", "impulse3") == "train_impulse@digits-3". dvc.yaml splits each
+    of MAIN_STAGES into <stage>_baseline (matrix key <dataset>-<init>) and <stage>_impulse (key
+    <dataset>-<kernel>), so an address is not <stage>@<cell> and DVC takes no wildcard there."""
+    if stage not in MAIN_STAGES:
+        raise ValueError(f"stage {stage!r}: the main grid's stages are {MAIN_STAGES}")
+    method, kernel = parse_init(init)
+    if method == IMPULSE:
+        return f"{stage}_{IMPULSE}@{dataset}-{kernel}"
+    return f"{stage}_baseline@{main_cell(dataset, init)}"
+
+
 def solve_cell(dataset: str, kernel: int) -> str:
     """preoptimize's / reference_solve's name for the structured init's solves of one kernel."""
     return f"{dataset}-{kernel}"

@@ -33,9 +33,10 @@ def seed_run(results: str | Path, dataset: str, init: str, seed: int) -> Path:
     return seed_dir(Path(results) / main_cell(dataset, init), seed)
 
 
-def missing_runs(results: str | Path, cells: list[tuple[str, str, int]]) -> list[str]:
-    """The cells (named <dataset>-<init>-<seed>, as in aggregate's errors) lacking a curve file."""
-    return [run_name(main_cell(d, i), s) for d, i, s in cells
+def missing_runs(results: str | Path, runs: list[tuple[str, str, int]]) -> list[str]:
+    """The (dataset, init, seed) runs lacking a curve file, named <dataset>-<init>-<seed> as in
+    aggregate's errors."""
+    return [run_name(main_cell(d, i), s) for d, i, s in runs
             if not all(_tsv(seed_run(results, d, i, s), m.split("_")[0], m.split("_")[1]).exists()
                        for m in METRICS)]
 
@@ -63,15 +64,15 @@ def read_run(run: str | Path) -> pd.DataFrame:
     return pd.concat(frames, axis=1, join="outer").sort_index().reset_index()
 
 
-def long_table(results: str | Path, cells: list[tuple[str, str, int]]) -> pd.DataFrame:
-    """Every (dataset, init, seed) cell's curves, in the order given; StructinitError naming
-    every missing cell (no silent hole in a figure)."""
-    missing = missing_runs(results, cells)
+def long_table(results: str | Path, runs: list[tuple[str, str, int]]) -> pd.DataFrame:
+    """Every (dataset, init, seed) run's curves, in the order given; StructinitError naming
+    every missing run (no silent hole in a figure)."""
+    missing = missing_runs(results, runs)
     if missing:
-        raise StructinitError(f"missing training curves for {len(missing)} cell(s) under "
+        raise StructinitError(f"missing training curves for {len(missing)} run(s) under "
                               f"{results}: {missing}")
     frames = [read_run(seed_run(results, d, i, s)).assign(dataset=d, init=i, seed=s)
-              for d, i, s in cells]
+              for d, i, s in runs]
     table = pd.concat(frames, ignore_index=True)[list(COLUMNS)]
     table[list(METRICS)] = table[list(METRICS)].round(DIGITS)
     return table

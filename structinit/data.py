@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .datasets import DATASETS, STREAMED, DatasetSpec, get_spec  # noqa: F401  (re-exported)
+from .datasets import STREAMED, DatasetSpec, get_spec
 from .io import CorruptFileError, load_checked, save_checked
 
 

@@ -70,6 +70,16 @@ def relaunch_under_torchrun(module: str, argv: list[str], environ=os.environ) ->
     return subprocess.call(cmd)
 
 
+def refuse_batchnorm(models, world_size: int) -> None:
+    """Several processes would each normalize by their own slice of the batch, so the run would
+    not be the one-process run: such a model trains on one process."""
+    if world_size > 1 and any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                              for model in models for m in model.modules()):
+        raise ValueError(f"{type(models[0]).__name__} has BatchNorm: on {world_size} processes each would "
+                         "normalize by its own slice of the batch, so the run would not be the one-process "
+                         f"run; train this cell on one process (unset {NPROC_VAR})")
+
+
 @dataclasses.dataclass(frozen=True)
 class DistributedContext:
     world_size: int = 1
@@ -109,6 +119,13 @@ class DistributedContext:
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
+
+    def broadcast_from_main(self, tensors) -> None:
+        """Overwrite every process's `tensors` (in place) with rank 0's: the processes train
+        one model, and rank 0's is the one written out. No-op for one process."""
+        if self.enabled:
+            for t in tensors:
+                dist.broadcast(t, src=0)
 
     def sum(self, t: torch.Tensor) -> torch.Tensor:
         """Sum over processes (in place, returned): metrics of each process's shard."""

@@ -35,6 +35,7 @@ SPLITS = ("train", "val")
 WNID = re.compile(r"n\d{8}")                     # ImageNet class folders: WordNet ids
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")       # ILSVRC is .JPEG; matched case-insensitively
 MANIFEST_FORMAT = 1
+ILSVRC_2012_IMAGES = {"train": 1_281_167, "val": 50_000}     # ImageNet-1K, as the paper trained on it
 EVAL_CROP_PCT = 0.9                              # timm's ViT data config (vit_tiny_patch16_224)
 EVAL_INTERPOLATION = "bicubic"
 
@@ -43,10 +44,15 @@ class ImageNetLayoutError(StructinitError):
     """The ImageNet directory is missing or incomplete; the message says what was expected."""
 
 
-def scan_imagenet(root: str | Path | None, num_classes: int = 1000) -> dict:
+def scan_imagenet(root: str | Path | None, num_classes: int = 1000, expected_images: dict | None = None,
+                  require_full: bool = True) -> dict:
     """Check `root` holds ILSVRC's layout and list it: {"classes": [wnid, ...], "train": [(path
     relative to root, label, bytes), ...], "val": [...]}. Sizes, not contents, identify the
-    images: hashing ~150 GB on every run would cost more than the check is worth."""
+    images: hashing ~150 GB on every run would cost more than the check is worth.
+
+    expected_images: {split: count} the copy must hold (default: ILSVRC-2012's for 1,000
+    classes); another count is an error (a half-extracted tar), or, with require_full=False
+    (local_datasets.imagenet_require_full), a warning (a deliberate subset, a test folder)."""
     if root is None:
         raise ImageNetLayoutError(
             "no ImageNet directory: set local_datasets.imagenet in params.yaml to a folder with "
@@ -88,12 +94,16 @@ def scan_imagenet(root: str | Path | None, num_classes: int = 1000) -> dict:
             raise ImageNetLayoutError(f"{len(empty)} class folders of {folder} hold no images "
                                       f"(e.g. {empty[:5]}); the copy looks incomplete")
         manifest[split] = samples
-    expected = {"train": 1_281_167, "val": 50_000}
-    if num_classes == 1000 and any(len(manifest[s]) != n for s, n in expected.items()):
-        # a copy with every class but not every image: train anyway, but say so
-        print(f"warning: {root} holds {len(manifest['train']):,} train / {len(manifest['val']):,} val images; "
-              f"ILSVRC-2012 has {expected['train']:,} / {expected['val']:,}. Results will not be the paper's "
-              "ImageNet-1K if images are missing.")
+    expected = expected_images or (ILSVRC_2012_IMAGES if num_classes == 1000 else None)
+    if expected and any(len(manifest[s]) != n for s, n in expected.items()):
+        found = (f"{root} holds {len(manifest['train']):,} train / {len(manifest['val']):,} val images; "
+                 f"expected {expected['train']:,} / {expected['val']:,} (ILSVRC-2012)")
+        if require_full:
+            raise ImageNetLayoutError(
+                f"{found}: the copy looks incomplete (e.g. a half-extracted archive). Complete it, or set "
+                "local_datasets.imagenet_require_full: false to train on what it holds (not ImageNet-1K)")
+        print(f"warning: {found}; local_datasets.imagenet_require_full is false, so training goes on, "
+              "but the results are not ImageNet-1K's")
     return manifest
 
 

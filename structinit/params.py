@@ -101,6 +101,7 @@ class Data(_Section):
 
 class LocalDatasets(_Section):           # datasets read from a local directory (datasets.STREAMED)
     imagenet: Optional[str] = None
+    imagenet_require_full: bool = True   # false: a copy with fewer images than ILSVRC-2012 only warns
 
 
 class VitModel(_Section):                # create_vit's shape arguments
@@ -228,8 +229,7 @@ def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
         out.append(("init.kernel", p.init.kernel, f"must be one of grid.kernels {g.kernels} "
                     "(it picks the main table's headline row)"))
     used = {("grid.datasets", d) for d in g.datasets} | {
-        (f"studies.{name}.datasets", d) for name in ("convmixer", "pseudo_input", "heads_width", "data_size")
-        for d in getattr(s, name).datasets}
+        (f"studies.{name}.datasets", d) for name in cells.STUDIES for d in getattr(s, name).datasets}
     no_folder = set()
     for path, d in sorted(used):
         if d not in p.recipes:

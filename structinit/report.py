@@ -1,9 +1,10 @@
-"""Comparison tables from per-cell results (pandas + tabulate). Pure: frames in, text out.
+"""Comparison tables from per-run results (pandas + tabulate). Pure: frames in, text out.
 
-A cell is one trained run: (dataset, init, seed) with init one of the baselines or
-"impulse<k>" (names: cells.py). Accuracy is the *final-epoch* test accuracy (no model selection on the test
-set), in percent, as mean +- std over seeds (std with ddof=1), with n and a 95 % t-interval; which
-differences the seeds support is decided in stats.py.
+A frame of runs has one row per trained run, one seed of a cell: (dataset, init, seed, acc, ...)
+with init one of the baselines or "impulse<k>" (names: cells.py). Accuracy is the *final-epoch*
+test accuracy (no model selection on the test set), in percent, as mean +- std over seeds (std
+with ddof=1), with n and a 95 % t-interval; which differences the seeds support is decided in
+stats.py.
 """
 from __future__ import annotations
 
@@ -47,9 +48,9 @@ def paper_main_block(inits=None, note: str = "") -> str:
                        + (f" {note}" if note else ""))
 
 
-def seed_stats(cells: pd.DataFrame, value: str = "acc", keys=("dataset", "init")) -> pd.DataFrame:
+def seed_stats(runs: pd.DataFrame, value: str = "acc", keys=("dataset", "init")) -> pd.DataFrame:
     """keys -> mean, std (ddof=1), n and 95 % t-interval of `value` over seeds."""
-    rows = {key: asdict(summarize(g[value])) for key, g in cells.groupby(list(keys), sort=False)}
+    rows = {key: asdict(summarize(g[value])) for key, g in runs.groupby(list(keys), sort=False)}
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis(list(keys))
 
 
@@ -61,19 +62,19 @@ def _ci(s) -> str:
     return f"[{s['ci_low']:.2f}, {s['ci_high']:.2f}]" if s["n"] > 1 else "—"
 
 
-def main_table(cells: pd.DataFrame, datasets: list[str], inits: list[str], ours: str) -> str:
+def main_table(runs: pd.DataFrame, datasets: list[str], inits: list[str], ours: str) -> str:
     """Rows = initializers; per dataset: mean ± std (delta vs Trunc Normal), 95 % CI, n, paper."""
-    stats = seed_stats(cells)
+    stats = seed_stats(runs)
     rows = []
     for init in inits:
         row = [init_label(init) + (" (ours)" if init == ours else "")]
         for ds in datasets:
             s = stats.loc[(ds, init)]
             base = stats.loc[(ds, "trunc_normal"), "mean"] if (ds, "trunc_normal") in stats.index else None
-            cell = _fmt(s)
+            entry = _fmt(s)
             if base is not None and init != "trunc_normal":
-                cell += f" ({s['mean'] - base:+.2f})"
-            row += [cell, _ci(s), int(s["n"])]
+                entry += f" ({s['mean'] - base:+.2f})"
+            row += [entry, _ci(s), int(s["n"])]
             if ds in PAPER_DATASETS:                  # side by side; elsewhere paper_main_block
                 paper = PAPER_MAIN.get(init, {}).get(ds)
                 row.append(f"{paper:.2f}" if paper is not None else "—")
@@ -84,10 +85,10 @@ def main_table(cells: pd.DataFrame, datasets: list[str], inits: list[str], ours:
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
-def kernel_table(cells: pd.DataFrame, preopt: pd.DataFrame, datasets: list[str],
+def kernel_table(runs: pd.DataFrame, preopt: pd.DataFrame, datasets: list[str],
                  kernels: list[int], ours_kernel: int) -> str:
     """Per kernel: accuracy, and the init's softness beside the official solver's (same seeds)."""
-    stats = seed_stats(cells)
+    stats = seed_stats(runs)
     rows = []
     for ds in datasets:
         base = stats.loc[(ds, "trunc_normal"), "mean"] if (ds, "trunc_normal") in stats.index else None
@@ -113,11 +114,11 @@ def preopt_table(preopt: pd.DataFrame) -> str:
                                    "solves"], tablefmt="github", disable_numparse=True)
 
 
-def summary(cells: pd.DataFrame, datasets: list[str], inits: list[str], ours: str) -> dict:
+def summary(runs: pd.DataFrame, datasets: list[str], inits: list[str], ours: str) -> dict:
     """Headline numbers for `dvc metrics show/diff`: per dataset, each init's mean, std, n
     and 95 % interval, and `ours` (the structured init at init.kernel) with its delta to
     Trunc Normal."""
-    stats = seed_stats(cells)
+    stats = seed_stats(runs)
     out: dict = {}
     for ds in datasets:
         d = {}
@@ -211,20 +212,22 @@ PAPER_CONVMIXER = {"cm512d6k3": {"learned": 92.82, "random": 92.2, "impulse": 92
 PAPER_HEADS_WIDTH_INITS = ("trunc_normal", "mimetic", "impulse3")   # the paper's heads/width columns
 PAPER_HEADS_WIDTH = {"vit_s_h6": {"trunc_normal": 66.81, "mimetic": 73.86, "impulse3": 75.97},
                      "vit_s_h16": {"trunc_normal": 67.25, "mimetic": 72.72, "impulse3": 75.40}}
-# CIFAR-10 pseudo-input ablation: PE for every layer, shared Q/K.
-PAPER_PSEUDO_INPUT = {"PP": 90.75}
+# CIFAR-10 pseudo-input ablation, run with the 3x3 structured init whatever the study's kernel:
+# variant -> init -> top-1 %; only PE for every layer with shared Q/K is quoted.
+PAPER_PSEUDO_INPUT_INIT = impulse_init(3)
+PAPER_PSEUDO_INPUT = {"PP": {PAPER_PSEUDO_INPUT_INIT: 90.75}}
 
 
-def study_table(cells: pd.DataFrame, row_key: str, col_key: str, rows: list, cols: list,
+def study_table(runs: pd.DataFrame, row_key: str, col_key: str, *, rows: list, cols: list,
                 paper: dict | None = None, paper_dataset: str | None = None,
                 row_label=str, col_label=str) -> str:
     """Per dataset, one line per (`row_key`, `col_key`) value: mean ± std, 95 % CI, n, and, when
     `paper_dataset` ran, a "paper" column with the paper's number on it (else the report shows
     the paper's numbers in a block of their own: paper_block)."""
-    stats = seed_stats(cells, keys=("dataset", row_key, col_key))
-    side_by_side = paper_dataset in set(cells.dataset)
+    stats = seed_stats(runs, keys=("dataset", row_key, col_key))
+    side_by_side = paper_dataset in set(runs.dataset)
     out = []
-    for ds in cells.dataset.unique():
+    for ds in runs.dataset.unique():
         for r in rows:
             for c in cols:
                 s = stats.loc[(ds, r, c)]
@@ -237,12 +240,12 @@ def study_table(cells: pd.DataFrame, row_key: str, col_key: str, rows: list, col
                     tablefmt="github", disable_numparse=True)
 
 
-def pairwise_comparisons(cells: pd.DataFrame, group_key: str, within: str | None = None) -> list[Comparison]:
-    """Every pair of `group_key` values (in the cells' order), per dataset and per `within`
+def pairwise_comparisons(runs: pd.DataFrame, group_key: str, within: str | None = None) -> list[Comparison]:
+    """Every pair of `group_key` values (in the runs' order), per dataset and per `within`
     value: one Holm family each."""
     out = []
     keys = ["dataset"] + ([within] if within else [])
-    for key, sub in cells.groupby(keys, sort=False):
+    for key, sub in runs.groupby(keys, sort=False):
         key = key if isinstance(key, tuple) else (key,)
         family = ", ".join(str(k) for k in key)
         groups = {g: sub[sub[group_key] == g].acc.tolist() for g in dict.fromkeys(sub[group_key])}

@@ -33,22 +33,10 @@ def total_steps(train: dict, n: int) -> int:
 
 
 def match_steps(train: dict, n_reference: int, n_subset: int) -> dict:
-    """`train` (a recipe's train settings, run on n_reference images) adapted to n_subset
-    images so that the optimizer takes about as many steps, on the same schedule:
-
-    - epochs = round(reference steps / steps per epoch on the subset), at least 1: the total
-      is the reference's to within half an epoch of the subset (exactly, when it divides);
-    - warmup_epochs: the reference's warm-up steps (round(warmup_epochs x its steps per
-      epoch), as the trainer counts them) over the subset's steps per epoch, so the warm-up
-      lasts as many steps (the trainer rounds it back to exactly that count) and stays the
-      same share of the cosine schedule;
-    - eval_every: the reference's evaluation interval in steps, in subset epochs (at least
-      1), so the test set is evaluated about as often: every epoch of a 10 % subset would
-      cost as much evaluation as training. The trainer always evaluates the last epoch.
-
-    The batch size is kept, so the subset must hold at least one batch (ValueError naming
-    the sizes otherwise): a smaller batch would be another recipe, not less data.
-    """
+    """`train` (settings for n_reference images) for n_subset images at about the same number
+    of optimizer steps: epochs, warm-up steps and the evaluation interval in steps are held.
+    The batch size is kept (a smaller batch would be another recipe, not less data), so
+    n_subset must hold one batch: ValueError otherwise."""
     batch = train["batch_size"]
     if n_subset < batch:
         raise ValueError(f"n_subset={n_subset}: fewer images than one batch ({batch}); allowed: "
@@ -58,8 +46,8 @@ def match_steps(train: dict, n_reference: int, n_subset: int) -> dict:
     ref_per_epoch = steps_per_epoch(n_reference, batch)
     per_epoch = steps_per_epoch(n_subset, batch)
     epochs = max(1, round(train["epochs"] * ref_per_epoch / per_epoch))
-    warmup_steps = round(train["warmup_epochs"] * ref_per_epoch)
-    eval_steps = train.get("eval_every", 1) * ref_per_epoch
+    warmup_steps = round(train["warmup_epochs"] * ref_per_epoch)   # as the trainer counts them
+    eval_steps = train.get("eval_every", 1) * ref_per_epoch  # else a 10 % subset evaluates 10x as often
     warmup = min(warmup_steps / per_epoch, epochs)
     return {**train, "epochs": epochs,
             "warmup_epochs": int(warmup) if warmup == int(warmup) else warmup,   # 11, not 11.0

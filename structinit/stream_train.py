@@ -31,7 +31,7 @@ from timm.loss import SoftTargetCrossEntropy
 from tqdm.auto import tqdm
 
 from .config import TrainConfig
-from .distributed import DistributedContext
+from .distributed import DistributedContext, refuse_batchnorm
 from .imagenet import SeededAugmentation, test_loader, train_loader
 from .io import CorruptFileError, load_checked, save_checked
 from .numerics import use_pinned_threads
@@ -60,6 +60,7 @@ def train_streamed(model: torch.nn.Module, train_set: SeededAugmentation, test_s
     ctx = ctx or DistributedContext()
     if micro_batch is not None and micro_batch < 1:
         raise ValueError(f"micro_batch={micro_batch}: give a positive number of images, or None")
+    refuse_batchnorm([model], ctx.world_size)
     num_classes = model.num_classes
     device = ctx.device()
     if device.type == "cpu":
@@ -77,10 +78,10 @@ def train_streamed(model: torch.nn.Module, train_set: SeededAugmentation, test_s
                                          **(fingerprint or {})}, default=str))
     # Rank 0 restores first (moving a damaged checkpoint aside), then the others read what it
     # left: every process starts from the same epoch.
-    history = _restore(model, opt, checkpoint_path, fingerprint, device) if ctx.is_main else []
+    history = _restore(model, opt, checkpoint_path, fingerprint, device, announce=True) if ctx.is_main else []
     ctx.barrier()
     if not ctx.is_main:
-        history = _restore(model, opt, checkpoint_path, fingerprint, device)
+        history = _restore(model, opt, checkpoint_path, fingerprint, device, announce=False)
     ctx.barrier()                                 # every rank has read it before rank 0 writes again
     if ctx.is_main and on_epoch_end:
         for metrics in history:
@@ -143,7 +144,8 @@ def train_streamed(model: torch.nn.Module, train_set: SeededAugmentation, test_s
                    "images_per_s": seen / train_seconds}
         if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
             t = time.perf_counter()
-            metrics.update(evaluate_streamed(model, test_set, cfg, ctx, device, eval_batch, workers))
+            metrics.update(evaluate_streamed(model, test_set, cfg, ctx=ctx, device=device,
+                                             batch_size=eval_batch, workers=workers))
             metrics["seconds"] += time.perf_counter() - t
         history.append(metrics)
         if ctx.is_main:
@@ -161,7 +163,7 @@ def train_streamed(model: torch.nn.Module, train_set: SeededAugmentation, test_s
 
 
 @torch.no_grad()
-def evaluate_streamed(model, test_set, cfg: TrainConfig, ctx: DistributedContext, device,
+def evaluate_streamed(model, test_set, cfg: TrainConfig, *, ctx: DistributedContext, device,
                       batch_size: int, workers: int) -> dict:
     """Test loss and accuracy over the whole test set, each process taking its share."""
     model.eval()
@@ -191,16 +193,18 @@ def _mixup(cfg: TrainConfig, num_classes: int, ctx: DistributedContext):
                  num_classes=num_classes)
 
 
-def _restore(model, opt, path, fingerprint: dict, device) -> list[dict]:
+def _restore(model, opt, path, fingerprint: dict, device, announce: bool) -> list[dict]:
     """The finished epochs' history, with model and optimizer restored, if `path` holds a sound
-    checkpoint of this run; [] otherwise (a damaged one is moved aside, never resumed)."""
+    checkpoint of this run; [] otherwise (a damaged one is moved aside, never resumed).
+    announce: say so (rank 0)."""
+    say = print if announce else (lambda *_: None)
     if path is None or not Path(path).exists():
         return []
     path = Path(path)
     try:
         state = load_checked(path, "a training checkpoint", map_location=device)
         if state.get("fingerprint") != fingerprint:
-            print(f"ignoring {path}: it was written for a different configuration")
+            say(f"ignoring {path}: it was written for a different configuration")
             return []
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
@@ -208,7 +212,7 @@ def _restore(model, opt, path, fingerprint: dict, device) -> list[dict]:
     except (CorruptFileError, KeyError, RuntimeError, ValueError, AttributeError) as e:
         bad = path.with_name(path.name + ".corrupt")
         path.replace(bad)
-        print(f"discarding an unusable checkpoint {path} ({str(e).splitlines()[0]}); moved to {bad}")
+        say(f"discarding an unusable checkpoint {path} ({str(e).splitlines()[0]}); moved to {bad}")
         return []
-    print(f"resuming from {path} after epoch {len(history)}")
+    say(f"resuming from {path} after epoch {len(history)}")
     return history

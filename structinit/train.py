@@ -31,7 +31,7 @@ from .augment import rand_augment, random_hflip
 from .config import RandAugmentPolicy, TrainConfig  # noqa: F401  (TrainConfig: re-exported)
 from .cpu_chunks import ChunkedBackward, plan_cpu_chunks
 from .data import ImageData
-from .distributed import DistributedContext
+from .distributed import DistributedContext, refuse_batchnorm
 from .errors import StructinitError
 from .io import CorruptFileError, load_checked, save_checked
 from .numerics import use_pinned_threads
@@ -112,7 +112,7 @@ def autocast(cfg: TrainConfig, device: torch.device):
 
 
 @torch.no_grad()
-def evaluate(model, images: torch.Tensor, labels: torch.Tensor, augmentation: BatchAugmentation,
+def evaluate(model, images: torch.Tensor, labels: torch.Tensor, *, augmentation: BatchAugmentation,
              cfg: TrainConfig, device: torch.device, batch_size: int = 1024) -> dict:
     model.eval()
     loss_sum = torch.zeros((), device=device)
@@ -226,11 +226,7 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
         raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {ctx.world_size} processes; "
                          "the global batch must split evenly")
     device = torch.device(device) if device is not None else ctx.device() if ctx.enabled else default_device()
-    if ctx.enabled and any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for model in models
-                           for m in model.modules()):
-        raise ValueError(f"{type(models[0]).__name__} has BatchNorm: on {ctx.world_size} processes each would "
-                         "normalize by its own slice of the batch, so the run would not be the one-process "
-                         "run; train this cell on one process (unset STRUCTINIT_NPROC)")
+    refuse_batchnorm(models, ctx.world_size)
     if device.type == "cpu":
         use_pinned_threads()                  # the bytes depend on the thread count (numerics.py)
     checkpoint_paths = checkpoint_paths or [None] * len(models)
@@ -242,10 +238,14 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
     # Rank 0 restores first (and moves a damaged checkpoint aside), then the others read what
     # it left, so that every process starts from the same epoch.
     for run in runs if ctx.is_main else []:
-        _restore(run, device)
+        _restore(run, device, announce=True)
     ctx.barrier()
     for run in runs if not ctx.is_main else []:
-        _restore(run, device)
+        _restore(run, device, announce=False)
+    for run in runs:
+        # every process builds the models itself; should a build differ (a solve that is not
+        # bitwise reproducible on a GPU), rank 0's weights, the ones written out, are trained
+        ctx.broadcast_from_main([*run.model.parameters(), *run.model.buffers()])
     for i, run in enumerate(runs):
         for metrics in run.history:
             if on_epoch_end and ctx.is_main:
@@ -292,8 +292,8 @@ def _train_epochs(group: _StackedGroup, epochs: range, setup: _Setup) -> None:
         if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
             t = time.perf_counter()
             with chunked.all_threads() if chunked else contextlib.nullcontext():
-                tests = _evaluate_stacked(stack, setup.test_x, setup.test_y, setup.augmentation, cfg,
-                                          setup.device)
+                tests = _evaluate_stacked(stack, setup.test_x, setup.test_y, augmentation=setup.augmentation,
+                                          cfg=cfg, device=setup.device)
             seconds = time.perf_counter() - t
             for metrics, test in zip(per_model, tests):
                 metrics.update(test)
@@ -315,15 +315,16 @@ def _train_epochs(group: _StackedGroup, epochs: range, setup: _Setup) -> None:
                 setup.on_epoch_end(run, metrics)
 
 
-def _restore(run: _Run, device: torch.device) -> None:
+def _restore(run: _Run, device: torch.device, announce: bool) -> None:
     """Resume from run.checkpoint if it is sound and was written for this run's configuration;
-    a damaged one is discarded (renamed *.corrupt), never resumed from."""
+    a damaged one is discarded (renamed *.corrupt), never resumed from. announce: say so (rank 0)."""
+    say = print if announce else (lambda *_: None)
     if run.checkpoint is None or not run.checkpoint.exists():
         return
     try:
         state = load_checked(run.checkpoint, "a training checkpoint", map_location=device)
         if not isinstance(state, dict) or state.get("fingerprint") != run.fingerprint:
-            print(f"ignoring {run.checkpoint}: it was written for a different configuration")
+            say(f"ignoring {run.checkpoint}: it was written for a different configuration")
             return
         backup = {k: v.clone() for k, v in run.model.state_dict().items()}
         try:
@@ -338,11 +339,11 @@ def _restore(run: _Run, device: torch.device) -> None:
     except CorruptFileError as e:
         bad = run.checkpoint.with_name(run.checkpoint.name + ".corrupt")
         run.checkpoint.replace(bad)
-        print(f"discarding an unusable checkpoint ({e}); moved to {bad}; "
+        say(f"discarding an unusable checkpoint ({e}); moved to {bad}; "
               "this model trains from its first epoch")
         return
     run.optimizer, run.history = optimizer, history
-    print(f"resuming from {run.checkpoint} after epoch {run.epochs_done}/{run.cfg.epochs}")
+    say(f"resuming from {run.checkpoint} after epoch {run.epochs_done}/{run.cfg.epochs}")
 
 
 def _stacked_adamw(stack: StackedModels, states: list[dict | None], cfg: TrainConfig,
@@ -384,7 +385,7 @@ def loss_and_grads(stack: StackedModels, x: torch.Tensor, y: torch.Tensor, cfg: 
 
 
 @torch.no_grad()
-def _evaluate_stacked(stack: StackedModels, images, labels, augmentation: BatchAugmentation,
+def _evaluate_stacked(stack: StackedModels, images, labels, *, augmentation: BatchAugmentation,
                       cfg: TrainConfig, device: torch.device, batch_size: int = 1024) -> list[dict]:
     stack.eval()
     loss_sum = torch.zeros(stack.n, device=device)

@@ -23,13 +23,20 @@ ap.add_argument("--epochs", type=int, default=2)
 ap.add_argument("--stop-after", type=int, help="exit (as a kill would) after this epoch's checkpoint")
 ap.add_argument("--checkpoint")
 ap.add_argument("--mixup", type=float, default=0.0)
+ap.add_argument("--rank1-builds-other-weights", action="store_true",
+                help="digits: rank 1 builds different models (as a solve that differs between processes would)")
 a = ap.parse_args()
-
 
 
 def stop(metrics):
     if a.stop_after and metrics["epoch"] == a.stop_after:
         sys.exit(3)
+
+
+def note_report(i, metrics):
+    """Who reported which epoch: the trainers call on_epoch_end on rank 0 alone."""
+    with open(f"{a.out}.reports", "a") as f:
+        f.write(f"rank{ctx.rank} model{i} epoch{metrics['epoch']}\n")
 
 
 ctx = DistributedContext.from_env()
@@ -43,13 +50,13 @@ if a.root == "digits":
     models = [create_vit(img_size=8, patch_size=1, embed_dim=24, depth=1, num_heads=2, num_classes=10, in_chans=1)
               for _ in cfgs]
     for i, m in enumerate(models):
-        torch.manual_seed(i)
+        torch.manual_seed(i + (100 if a.rank1_builds_other_weights and ctx.rank == 1 else 0))
         for p in m.parameters():
             torch.nn.init.normal_(p, std=0.05)
     histories = train_models(models, prepare_dataset("digits"), cfgs, train_indices=torch.arange(512),
                              checkpoint_paths=[a.checkpoint and f"{a.checkpoint}.{i}" for i in range(2)],
                              ctx=ctx, progress=False,
-                             on_epoch_end=lambda i, metrics: i == 1 and stop(metrics))
+                             on_epoch_end=lambda i, metrics: (note_report(i, metrics), i == 1 and stop(metrics)))
     if ctx.is_main:
         torch.save({"models": [m.state_dict() for m in models], "histories": histories,
                     "world_size": ctx.world_size}, a.out)

@@ -58,3 +58,24 @@ def test_study_runs_reuse_the_main_grid_only_where_the_study_says():
     with pytest.raises(ValueError, match="unknown study 'sizes'"):
         cells.study_runs(p, "sizes", "main", "studies")
 
+
+
+def test_main_stage_addresses_are_stages_dvc_resolves():
+    """The `dvc repro -f <address>` hints name real stages: DVC takes no wildcard there."""
+    from dvc.repo import Repo
+
+    assert cells.main_stage("train", "digits", "impulse3") == "train_impulse@digits-3"
+    assert cells.main_stage("analyze", "digits", "mimetic") == "analyze_baseline@digits-mimetic"
+    with pytest.raises(ValueError, match="the main grid's stages"):
+        cells.main_stage("preoptimize", "digits", "impulse3")
+    with Repo(str(Path(__file__).resolve().parents[1])) as repo:
+        addresses = {s.addressing for s in repo.index.stages}
+    wanted = {cells.main_stage(stage, d, i) for d, i, _ in cells.main_runs(PARAMS) for stage in cells.MAIN_STAGES}
+    assert wanted <= addresses, sorted(wanted - addresses)
+
+
+def test_studies_are_the_schemas_study_sections():
+    """cells.STUDIES is what the schema, the study_report stage and study_runs iterate over."""
+    from structinit.params import Studies
+
+    assert tuple(Studies.model_fields) == cells.STUDIES

@@ -1,5 +1,5 @@
 """Training curves (structinit/curves.py, structinit/figures/curves.py, stages/curves.py) from
-fake dvclive folders: the long table's rows and statistics, a missing cell named, and PNG
+fake dvclive folders: the long table's rows and statistics, a missing run named, and PNG
 and CSV bytes that depend only on the data."""
 import subprocess
 import sys
@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from structinit import curves
+from structinit import cells, curves
 from structinit.errors import StructinitError
 from structinit.figures.curves import write_curves_figures
 
@@ -19,7 +19,7 @@ EPOCHS, EVAL_EVERY = 4, 2                    # test rows at epochs 2 and 4 (step
 def fake_run(results: Path, dataset: str, init: str, seed: int, offset: float = 0.0) -> None:
     """What dvclive writes for one seed: train every epoch, test every EVAL_EVERY epochs;
     accuracy 0.1 * epoch + offset + seed / 100."""
-    metrics = results / f"{dataset}-{init}" / f"seed{seed}" / "plots" / "metrics"
+    metrics = cells.seed_dir(results / cells.main_cell(dataset, init), seed) / "plots" / "metrics"
     offset += seed / 100
     for split, steps in (("train", range(EPOCHS)), ("test", range(EVAL_EVERY - 1, EPOCHS, EVAL_EVERY))):
         (metrics / split).mkdir(parents=True)
@@ -29,20 +29,20 @@ def fake_run(results: Path, dataset: str, init: str, seed: int, offset: float = 
             "step\tloss\n" + "".join(f"{s}\t{2.0 / (s + 1)}\n" for s in steps))
 
 
-CELLS = [("toy", init, seed) for init in ("a_init", "b_init") for seed in (0, 1, 2)]
+RUNS = [("toy", init, seed) for init in ("a_init", "b_init") for seed in (0, 1, 2)]
 
 
 @pytest.fixture
 def results(tmp_path):
-    for cell in CELLS:
-        fake_run(tmp_path / "results", *cell, offset=0.1 if cell[1] == "b_init" else 0.0)
+    for run in RUNS:
+        fake_run(tmp_path / "results", *run, offset=0.1 if run[1] == "b_init" else 0.0)
     return tmp_path / "results"
 
 
 def test_long_table_has_a_row_per_epoch_and_test_only_where_evaluated(results):
-    t = curves.long_table(results, CELLS)
+    t = curves.long_table(results, RUNS)
     assert list(t.columns) == list(curves.COLUMNS)
-    assert len(t) == len(CELLS) * EPOCHS
+    assert len(t) == len(RUNS) * EPOCHS
     assert list(t.epoch[:EPOCHS]) == [1, 2, 3, 4]                  # step 0 = epoch 1
     first = t[(t.init == "a_init") & (t.seed == 1)].set_index("epoch")
     assert first.train_acc.tolist() == pytest.approx([11, 21, 31, 41])     # in %
@@ -51,7 +51,7 @@ def test_long_table_has_a_row_per_epoch_and_test_only_where_evaluated(results):
 
 
 def test_mean_band_is_mean_and_sample_std_over_seeds(results):
-    t = curves.long_table(results, CELLS)
+    t = curves.long_table(results, RUNS)
     band = curves.mean_band(t, "test_acc").set_index(["init", "epoch"])
     assert list(band.index) == [("a_init", 2), ("a_init", 4), ("b_init", 2), ("b_init", 4)]
     # seeds 0, 1, 2 add 0, 1, 2 points: mean +1, sample std 1
@@ -62,23 +62,23 @@ def test_mean_band_is_mean_and_sample_std_over_seeds(results):
         curves.mean_band(t, "acc")
 
 
-def test_a_missing_cell_fails_naming_it(results):
+def test_a_missing_run_fails_naming_it(results):
     (results / "toy-b_init/seed2/plots/metrics/test/loss.tsv").unlink()
-    with pytest.raises(StructinitError, match=r"1 cell\(s\).*'toy-b_init-2'"):
-        curves.long_table(results, CELLS)
+    with pytest.raises(StructinitError, match=r"1 run\(s\).*'toy-b_init-2'"):
+        curves.long_table(results, RUNS)
     with pytest.raises(StructinitError, match=r"'toy-c_init-0'"):
         curves.long_table(results, [("toy", "c_init", 0)])
 
 
 def test_csv_and_png_are_the_same_bytes_on_every_write(results, tmp_path):
-    t = curves.long_table(results, CELLS)
+    t = curves.long_table(results, RUNS)
     curves.write_csv(t, tmp_path / "a.csv")
-    curves.write_csv(curves.long_table(results, CELLS), tmp_path / "b.csv")
+    curves.write_csv(curves.long_table(results, RUNS), tmp_path / "b.csv")
     text = (tmp_path / "a.csv").read_text()
     assert text == (tmp_path / "b.csv").read_text()
     assert text.split("\n")[1] == "toy,a_init,0,1,10.0000,2.0000,,"         # fixed digits, empty test
     back = pd.read_csv(tmp_path / "a.csv")
-    assert back.test_acc.notna().sum() == len(CELLS) * EPOCHS // EVAL_EVERY
+    assert back.test_acc.notna().sum() == len(RUNS) * EPOCHS // EVAL_EVERY
 
     (tmp_path / "figs").mkdir()
     (tmp_path / "figs/gone.png").write_bytes(b"stale")               # a dataset no longer in the grid
@@ -97,7 +97,7 @@ def test_stage_builds_the_grid_cells_from_params(results, tmp_path):
 
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     grid = params["grid"]
-    inits = list(grid["baselines"]) + [f"impulse{k}" for k in grid["kernels"]]
+    inits = cells.main_inits(params)
     for d in grid["datasets"]:
         for i in inits:
             for s in grid["seeds"][1:]:                 # the first seed left out on purpose
@@ -105,7 +105,7 @@ def test_stage_builds_the_grid_cells_from_params(results, tmp_path):
     r = subprocess.run([sys.executable, "-m", "stages.curves", "--results", str(tmp_path / "grid"),
                         "--csv", str(tmp_path / "c.csv"), "--figures", str(tmp_path / "f")],
                        cwd=REPO, capture_output=True, text=True, check=False)
-    first = f"{grid['datasets'][0]}-{inits[0]}-{grid['seeds'][0]}"
+    first = cells.run_name(cells.main_cell(grid["datasets"][0], inits[0]), grid["seeds"][0])
     assert r.returncode != 0 and f"'{first}'" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "c.csv").exists()
 

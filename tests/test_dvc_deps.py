@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dvc.dependency.param import ParamsDependency
 
 import structinit
 from structinit import cells
@@ -30,16 +31,19 @@ def module_file(name: str) -> Path | None:
 def imported_modules(path: Path, name: str) -> set[str]:
     """Every module an `import` anywhere in the file names (function-level imports included:
     they run when the stage runs; `if TYPE_CHECKING:` blocks excluded: they never run),
-    resolved to project module names."""
+    resolved to project module names, and every module that structinit's lazy loader imports
+    for an attribute of the structinit package (`si.get_spec`, `structinit.report.x`)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
             node.body = []
-    out = set()
+    out, package_names = set(), set()       # package_names: local names bound to structinit
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
+            package_names |= {a.asname or "structinit" for a in node.names
+                              if a.name == "structinit" or (a.name.startswith("structinit.") and not a.asname)}
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 parts = package.split(".")
@@ -50,8 +54,14 @@ def imported_modules(path: Path, name: str) -> set[str]:
             for alias in node.names:
                 if module_file(f"{base}.{alias.name}"):                # `from pkg import module`
                     out.add(f"{base}.{alias.name}")
-                elif base == "structinit" and alias.name in structinit._MODULE_OF:   # lazy export
-                    out.add("structinit" + structinit._MODULE_OF[alias.name])
+                elif base == "structinit" and alias.name in structinit.LAZY_EXPORTS:   # lazy export
+                    out.add(structinit.LAZY_EXPORTS[alias.name])
+    for node in ast.walk(tree):             # structinit.__getattr__ imports on attribute access
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in package_names:
+            if node.attr in structinit.LAZY_EXPORTS:
+                out.add(structinit.LAZY_EXPORTS[node.attr])
+            elif module_file(f"structinit.{node.attr}"):
+                out.add(f"structinit.{node.attr}")
     return out
 
 
@@ -87,16 +97,22 @@ def stages():
     return resolved_stages()
 
 
+def deps_problems(deps: list[str], needed: set[str]) -> tuple[list[str], list[str]]:
+    """(missing, unused): the needed files no dep covers (a dep is a file or a folder), and the
+    project-code deps that cover no needed file (data deps are not code: never unused)."""
+    deps = [d.rstrip("/") for d in deps]
+    missing = sorted(f for f in needed if not any(f == d or f.startswith(d + "/") for d in deps))
+    code = [d for d in deps if d.split("/")[0] in PACKAGES]
+    unused = sorted(d for d in code if not any(f == d or f.startswith(d + "/") for f in needed))
+    return missing, unused
+
+
 def test_every_stage_depends_on_exactly_the_code_its_script_imports(stages):
     problems = []
     for name, stage in stages.items():
         script = re.search(r"python -m (stages\.\w+)", stage.cmd)
         assert script, f"{name}: expected `python -m stages.<script>` in its cmd: {stage.cmd!r}"
-        deps = [d.def_path.rstrip("/") for d in stage.deps]
-        needed = import_closure(script[1])
-        missing = sorted(f for f in needed if not any(f == d or f.startswith(d + "/") for d in deps))
-        code = [d for d in deps if d.split("/")[0] in PACKAGES]
-        unused = sorted(d for d in code if not any(f == d or f.startswith(d + "/") for f in needed))
+        missing, unused = deps_problems([d.def_path for d in stage.deps], import_closure(script[1]))
         if missing:
             problems.append(f"{name}: add to deps {missing}")
         if unused:
@@ -113,11 +129,54 @@ def test_the_closure_sees_lazy_exports_and_function_level_imports():
             "stages/__init__.py", "structinit/init/impulse.py"} <= closure
 
 
+def test_deps_problems_reports_a_removed_module_and_an_extra_one(stages):
+    # the check above can fail: a dep dropped from a real stage is missing, an extra module unused
+    deps = [d.def_path for d in stages["check_params"].deps]
+    needed = import_closure("stages.check_params")
+    assert deps_problems(deps, needed) == ([], [])
+    assert deps_problems([d for d in deps if d != "structinit/io.py"], needed) == (["structinit/io.py"], [])
+    assert deps_problems(deps + ["structinit/report.py", "results/train"], needed) == ([], ["structinit/report.py"])
+    assert deps_problems(deps + ["structinit/init"], needed) == ([], ["structinit/init"])   # a folder dep
+
+
+def test_the_closure_sees_structinit_attribute_access(tmp_path):
+    # structinit.__getattr__ imports a submodule or a lazy export's module on attribute access:
+    # no `import` statement names it, so the closure must read the attribute chains
+    script = tmp_path / "script.py"
+    script.write_text("import structinit as si\nimport structinit.params\n"
+                      "si.report.main_table\nsi.get_spec('digits')\nstructinit.cka\nsi.no_such_name\n")
+    assert imported_modules(script, "stages.script") == {
+        "structinit", "structinit.params", "structinit.report", "structinit.datasets", "structinit.cka"}
+
+
+def test_only_structinit_loads_lazily():
+    # imported_modules knows structinit's lazy loader only: another package's __getattr__
+    # would hide imports from it
+    lazy = {p.relative_to(REPO).as_posix() for pkg in PACKAGES for p in (REPO / pkg).rglob("__init__.py")
+            if any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in ast.parse(p.read_text()).body)}
+    assert lazy == {"structinit/__init__.py"}
+
+
+def test_reference_solve_params_are_the_solve_options_it_reads(stages):
+    # a solve.* option it reads but does not declare would leave stale records; one it declares
+    # but ignores would re-run the 10,000-step solve for nothing
+    from stages.reference_solve import SHARED_WITH_PREOPTIMIZE
+
+    ref = {name: s for name, s in stages.items() if name.startswith("reference_solve@")}
+    assert ref
+    for name, stage in ref.items():
+        keys = {k for d in stage.deps if isinstance(d, ParamsDependency) for k in d.params}
+        declared = {k for k in keys if k == "solve" or k.startswith("solve.")}
+        assert declared == {f"solve.{k}" for k in SHARED_WITH_PREOPTIMIZE}, name
+
+
 def test_matrix_stages_write_the_cells_that_cells_py_names(stages):
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     outs = {o.def_path for s in stages.values() for o in s.outs}
     for dataset, init in {(d, i) for d, i, _ in cells.main_runs(params)}:
-        assert f"results/train/{cells.main_cell(dataset, init)}" in outs, (dataset, init)
+        cell = cells.main_cell(dataset, init)
+        for folder in ("results/train", "models", "artifacts/analysis"):   # train_* and analyze_* outs
+            assert f"{folder}/{cell}" in outs, (folder, dataset, init)
     for dataset, kernel in ((d, k) for d in params["grid"]["datasets"] for k in params["grid"]["kernels"]):
         assert f"preoptimize@{cells.solve_cell(dataset, kernel)}" in stages
         assert f"artifacts/preopt/{cells.solve_cell(dataset, kernel)}" in outs

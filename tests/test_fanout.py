@@ -207,3 +207,52 @@ def test_a_cell_runs_its_commands_in_order_as_dvc_would(tmp_path):
     missing = run_cell(str(tmp_path / "elsewhere"), cell, {}, 0.0)
     assert missing.returncode is None and "is not visible on Ray node" in missing.error
     assert "every node must see it at the same path" in missing.error
+
+
+class StubRay:
+    """What connect() asks of Ray, for a cluster of the given nodes' resources: the GPU-shaped
+    choices are tested here on CPU (the run above has no GPUs)."""
+
+    def __init__(self, *nodes: dict):
+        self.node_resources = nodes
+
+    def init(self, address=None):
+        pass
+
+    def cluster_resources(self) -> dict:
+        return {k: sum(n.get(k, 0) for n in self.node_resources) for k in ("CPU", "GPU")}
+
+    def nodes(self) -> list[dict]:
+        return [{"Alive": True, "Resources": n} for n in self.node_resources]
+
+
+@pytest.mark.parametrize("args, gpus", [
+    ([], 1),                                         # a cluster with GPUs: one GPU per cell by default
+    (["--gpus-per-cell", "0.25"], 0.25),             # small cells share a GPU
+    (["--nproc-per-cell", "8"], 8),                  # a DDP cell: one GPU per process, on one node
+    (["--nproc-per-cell", "2", "--gpus-per-cell", "0"], 0),    # DDP processes on CPU
+])
+def test_gpus_each_cell_reserves(args, gpus):
+    from structinit.fanout import connect, parse_args
+
+    eight_gpu_node = {"CPU": 32, "GPU": 8}
+    assert connect(StubRay(eight_gpu_node, eight_gpu_node), parse_args(args)) == gpus
+    assert connect(StubRay({"CPU": 4}), parse_args([])) == 0          # no GPU anywhere: none reserved
+
+
+def test_a_cell_no_node_can_hold_is_refused():
+    from structinit.fanout import FanoutError, connect, parse_args
+
+    with pytest.raises(FanoutError, match="reserves 1 CPU and 8 GPU, but no Ray node has that much "
+                                          r"\(nodes: 16 CPU/4 GPU, 16 CPU/4 GPU\)"):
+        connect(StubRay({"CPU": 16, "GPU": 4}, {"CPU": 16, "GPU": 4}), parse_args(["--nproc-per-cell", "8"]))
+
+
+def test_a_cell_without_a_gpu_sees_none_and_one_with_keeps_rays(tmp_path, monkeypatch):
+    from structinit.fanout import Cell, run_cell
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")          # as Ray sets it for a task given GPU 3
+    cell = Cell("train_x@a-1", ("echo gpus=[$CUDA_VISIBLE_DEVICES]",), str(tmp_path), "logs/x.log", ())
+    for gpus, seen in ((0.0, "gpus=[]"), (1.0, "gpus=[3]")):
+        assert run_cell(str(tmp_path), cell, {}, gpus).ok
+        assert f"{seen}\n" in (tmp_path / cell.log).read_text()

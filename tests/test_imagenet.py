@@ -66,6 +66,18 @@ def test_missing_or_incomplete_directory_is_a_clear_error(tmp_path, damage, expe
         scan_imagenet(None if damage is None else root, num_classes=4)
 
 
+def test_a_copy_short_of_images_is_an_error_unless_a_subset_is_allowed(ilsvrc, capsys):
+    # every class folder there, but not every image (a half-extracted archive): 24 / 8 here
+    full = {"train": 24, "val": 8}
+    assert len(scan_imagenet(ilsvrc, num_classes=4, expected_images=full)["train"]) == 24
+    short = {"train": 25, "val": 8}
+    with pytest.raises(ImageNetLayoutError, match=r"holds 24 train / 8 val images; expected 25 / 8 .*"
+                                                  "imagenet_require_full: false"):
+        scan_imagenet(ilsvrc, num_classes=4, expected_images=short)
+    m = scan_imagenet(ilsvrc, num_classes=4, expected_images=short, require_full=False)
+    assert len(m["train"]) == 24 and "warning: " in capsys.readouterr().out
+
+
 def test_a_moved_or_changed_copy_is_caught_before_training(ilsvrc, tmp_path):
     m = scan_imagenet(ilsvrc, num_classes=4)
     assert check_root_matches(ilsvrc, m) == ilsvrc
@@ -189,13 +201,17 @@ def test_the_on_device_trainer_refuses_what_only_the_streamed_one_does(digits):
 
 def test_stacked_on_device_cell_on_two_gloo_processes_equals_one(tmp_path):
     """The on-device trainer under torchrun: each process keeps half of every global batch and
-    gradients are averaged, so two stacked digits models train as on one process."""
+    gradients are averaged, so two stacked digits models train as on one process. Rank 1
+    builds other weights here: rank 0's (the ones written out) are the ones trained."""
     job = str(HERE / "ddp_job.py")
     single = subprocess.run([sys.executable, job, "digits", str(tmp_path / "one.pt")],
                             capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]
-    ddp = torchrun(job, "digits", str(tmp_path / "two.pt"))
+    ddp = torchrun(job, "digits", str(tmp_path / "two.pt"), "--rank1-builds-other-weights")
     assert ddp.returncode == 0, ddp.stderr[-3000:]
+    # rank 0 alone reports (logs, metrics, checkpoints): one line per model and epoch
+    assert (tmp_path / "two.pt.reports").read_text().split("\n")[:-1] == [
+        f"rank0 model{i} epoch{e}" for e in (1, 2) for i in (0, 1)]
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     assert two["world_size"] == 2
     # 16 steps of AdamW at lr 1e-3 move weights by ~1e-2; summation order alone differs (1e-5)
@@ -258,8 +274,11 @@ def test_micro_batches_take_the_same_step_in_less_memory(ilsvrc):
 
 def test_batchnorm_models_are_refused_on_several_processes(digits):
     from structinit.models import create_convmixer
+    from structinit.stream_train import train_streamed
     from structinit.train import train_models
 
     model = create_convmixer(dim=16, depth=1, kernel_size=3, patch_size=1, num_classes=10, in_chans=1)
     with pytest.raises(ValueError, match="ConvMixer has BatchNorm: on 2 processes each would normalize"):
         train_models([model], digits, [TrainConfig(epochs=1, batch_size=64)], ctx=DistributedContext(2, 0))
+    with pytest.raises(ValueError, match="ConvMixer has BatchNorm: on 2 processes each would normalize"):
+        train_streamed(model, None, None, TrainConfig(epochs=1, batch_size=64), ctx=DistributedContext(2, 0))

@@ -13,6 +13,7 @@ def test_imagenet_cells_train_from_a_local_folder_on_two_processes(tmp_path, mon
     write_ilsvrc(root, classes=1000, per_class=(1, 1), size=(12, 10))     # 1,000 wnids: the real count
     repo = tiny_repo_copy(tmp_path)
     set_params(repo, **{"grid.datasets": ["imagenet"], "local_datasets.imagenet": str(root),
+                        "local_datasets.imagenet_require_full": False,
                         "data.train_size": None, "grid.kernels": [3], "init.kernel": 3, "grid.seeds": [0],
                         "recipes.imagenet.model.embed_dim": 24, "recipes.imagenet.model.depth": 1,
                         "recipes.imagenet.train.epochs": 1, "recipes.imagenet.train.warmup_epochs": 0,

@@ -15,9 +15,11 @@ def test_a_cell_solved_in_process_can_resume(digits):
     heads/width studies) is the same on every run: configuration only. It used to contain
     the solve's seconds, so such cells never resumed."""
     params = load_params(REPO / "params.yaml")
-    a = SimpleNamespace(convmixer=None, init="impulse", kernel=3, solutions=None, pseudo="UU", shape=None)
+    a = SimpleNamespace(convmixer=None, init="impulse3", method="impulse", kernel=3, solutions=None,
+                        pseudo="UU", shape=None)
     records = [build(a, params, recipe(params, "digits"), digits.spec, seed=0)[1] for _ in range(2)]
-    assert records[0]["solve_seconds"] != records[1]["solve_seconds"]   # timings do differ
+    # timings differ from run to run, though not always by a measurable amount: make sure they do
+    records[1]["solve_seconds"] = records[0]["solve_seconds"] + 1.0
     subset = torch.arange(20)
     assert cell_fingerprint(records[0], subset) == cell_fingerprint(records[1], subset)
     assert "solve_seconds" not in str(cell_fingerprint(records[0], subset))
