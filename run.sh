@@ -2,6 +2,8 @@
 # One entry point that sets up a fresh machine, then runs the pipeline or the tests.
 #   ./run.sh repro [dvc repro args]   the main job: dvc repro on the embedded default
 #   ./run.sh test  [pytest args]      the test suite (what CI runs)
+#   ./run.sh verify [--against REV]   after repro: the same bytes as committed, or else the
+#                                     same conclusions and accuracies within tolerance
 #   ./run.sh <cmd> [args]             any command inside the project's environment
 # The environment is a virtualenv in .venv (override with VENV=...), built on first use and
 # rebuilt when pyproject.toml changes. TORCH_SPEC picks the torch build to install.
@@ -33,5 +35,6 @@ case "$cmd" in
   test)  bash tests/setup_browser.sh # chromium + local vega JS for test_plots_render (never fails)
          exec python -m pytest "$@" ;;
   repro) exec dvc repro "$@" ;;
+  verify) exec python -m structinit.verify "$@" ;;
   *)     exec "$cmd" "$@" ;;
 esac

@@ -21,7 +21,6 @@ import torch
 from tabulate import tabulate
 from torch.utils.flop_counter import FlopCounterMode
 
-import structinit  # noqa: F401  (pins CPU numerics)
 from structinit.config import FILTER_MODES, PSEUDO_INPUTS
 from structinit.datasets import DATASETS, TRAIN_IMAGES
 from structinit.models import create_convmixer, create_vit

@@ -5,7 +5,7 @@ reports/main_table.md's conclusions on it.
 
 Copies the working tree (code, params.yaml, dvc.lock, prepared data; no results) into a temporary
 folder, sets grid.seeds to the new seeds there, runs the real `dvc repro aggregate`, and
-compares reports/conclusions.json of both runs pair by pair:
+compares reports/conclusions/main_table.json of both runs pair by pair:
   confirmed      the same significant direction on the new seeds
   not replicated significant before, not distinguishable now
   reversed       significant in the opposite direction
@@ -61,7 +61,7 @@ def main():
     new = a.seeds or list(range(max(seeds) + 1, max(seeds) + 1 + len(seeds)))
     if set(new) & set(seeds):
         raise SystemExit(f"--seeds {new} overlap grid.seeds {seeds}: a replication needs disjoint seeds")
-    original = json.loads((REPO / "reports/conclusions.json").read_text())
+    original = json.loads((REPO / "reports/conclusions/main_table.json").read_text())
     tmp = Path(tempfile.mkdtemp(prefix="structinit-replication-"))
     try:
         repo = tmp / "repo"
@@ -76,15 +76,15 @@ def main():
         for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "replication"],
                     ["dvc", "repro", "aggregate"]):
             subprocess.run(cmd, cwd=repo, env=env, check=True)
-        again = json.loads((repo / "reports/conclusions.json").read_text())
+        again = json.loads((repo / "reports/conclusions/main_table.json").read_text())
     finally:
         if a.keep:
             print(f"kept {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    after = {(c["family"], c["a"], c["b"]): c for c in again["comparisons"]}
+    after = {(c["family"], c["a"], c["b"]): c for c in again["conclusions"]}
     rows, stated, confirmed = [], 0, 0
-    for c in original["comparisons"]:
+    for c in original["conclusions"]:
         d = after[(c["family"], c["a"], c["b"])]
         v = verdict(c["verdict"], d["verdict"])
         stated += c["verdict"] != "~"

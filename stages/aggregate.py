@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from stages.common import load_params, read_cell, run_stage, write_json, write_text
+from stages.common import load_params, ran_with, read_cell, run_stage, write_conclusions, write_json, write_text
 from structinit import cells, report, stats
 from structinit.cells import impulse_init, init_label, main_cell, run_name, seed_dir, solve_cell
 
@@ -48,8 +48,14 @@ def main():
     preopt["official_fit_mse"] = [r["fit_mse"] for r in reference]
 
     out = Path(a.out)
-    run = report.what_ran(params, grid["datasets"], grid["seeds"])
+    run = report.what_ran(params, grid["datasets"], grid["seeds"], ran_with(
+        seed_dir(Path(a.results) / main_cell(d, i), s) for d, i, s in expected))
     comparisons = report.pairwise_comparisons(runs, "init")
+    with stats.recording_conclusions() as main_conclusions:
+        main_block = stats.conclusions_block(comparisons, init_label)
+    kernel_cmp = report.pairwise_comparisons(runs[runs.init.map(cells.impulse_kernel).notna()], "init")
+    with stats.recording_conclusions() as kernel_conclusions:
+        kernel_block = stats.conclusions_block(kernel_cmp, init_label)
     write_text(out / "main_table.md",
                "# Main table: test accuracy (%) by initializer\n\n"
                "Final-epoch top-1, mean ± std over seeds; in brackets the difference to Trunc Normal; "
@@ -57,9 +63,8 @@ def main():
                "number (ViT-T/2, 200 epochs) where it has one.\n\n"
                f"What ran: {run}\n\n"
                + report.main_table(runs, grid["datasets"], inits, ours) + "\n\n"
-               + stats.conclusions_block(comparisons, init_label) + "\n"
+               + main_block + "\n"
                + report.paper_main_block())
-    kernel_cmp = report.pairwise_comparisons(runs[runs.init.map(cells.impulse_kernel).notna()], "init")
     write_text(out / "kernel_table.md",
                "# Structured init by kernel size\n\n"
                f"What ran: {run}\n\n"
@@ -67,7 +72,7 @@ def main():
                "solver's mass: the paper's own solver (10,000 Adam steps) on the same shape, offsets "
                "and seeds (stage reference_solve).\n\n"
                + report.kernel_table(runs, preopt, grid["datasets"], grid["kernels"], kernel) + "\n\n"
-               + stats.conclusions_block(kernel_cmp, init_label) + "\n"
+               + kernel_block + "\n"
                + report.paper_main_block([i for i in report.PAPER_MAIN if cells.impulse_kernel(i)]))
     write_text(out / "preopt_table.md",
                "# Pre-optimization (Q/K solve) per configuration\n\n"
@@ -79,8 +84,8 @@ def main():
                "reference.\n\n"
                f"Structured init: {report.init_description(params['solve'])}.\n\n"
                + report.preopt_table(preopt) + "\n")
-    write_json(out / "conclusions.json", {"test": stats.TEST, "alpha": stats.ALPHA,
-                                          "comparisons": [c.to_dict() for c in comparisons]})
+    write_conclusions(out / "main_table.md", stats.conclusions_record("main_table.md", main_conclusions))
+    write_conclusions(out / "kernel_table.md", stats.conclusions_record("kernel_table.md", kernel_conclusions))
     write_json(out / "summary.json", report.summary(runs, grid["datasets"], inits, ours))
     runs.to_csv(out / "cells.csv", index=False, float_format="%.3f")
     print((out / "main_table.md").read_text())

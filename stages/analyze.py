@@ -22,7 +22,6 @@ from structinit.datasets import STREAMED, get_spec
 from structinit.imagenet import check_root_matches, evaluation_images
 from structinit.errors import StructinitError
 from structinit.io import MissingFileError, load_checked, load_torch, save_checked, without_timings
-from structinit.numerics import use_pinned_threads
 
 
 def parse_args():
@@ -69,8 +68,6 @@ def main():
     model_cfg = recipe(params, a.dataset)["model"]
     seeds = seeds_at(params, a.seeds_from)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.type == "cpu":
-        use_pinned_threads()                 # same bytes on every x86-64 CPU (numerics.py)
     if a.dataset in STREAMED:
         manifest = load_checked(a.data, f"a dataset manifest: re-create it with dvc repro -f download@{a.dataset}")
         root = check_root_matches(params["local_datasets"][a.dataset], manifest)

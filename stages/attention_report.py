@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stages.common import load_params, run_stage, write_text
+from stages.common import load_params, ran_with, run_stage, write_conclusions, write_text
 from structinit import cells
 from structinit.cells import impulse_kernel, init_label, main_cell, main_stage, seed_dir
 from structinit import attention_summary as summary
@@ -114,6 +114,7 @@ def dataset_section(ds, analysis: Path, figures: Path, *, inits, impulse_inits, 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--analysis", default="artifacts/analysis")
+    ap.add_argument("--results", default="results/train", help="the trained cells (their logged dtype and CPU)")
     ap.add_argument("--out", default="reports/attention.md")
     ap.add_argument("--figures", default="reports/figures/attention")
     a = ap.parse_args()
@@ -129,10 +130,13 @@ def main():
     first_run = lambda ds: seed_dir(Path(a.analysis) / main_cell(ds, inits[0]), grid["seeds"][0])  # noqa: E731
     images = {ds: load_checked(first_run(ds).with_suffix(".pt"),
                                "an attention analysis")["images"] for ds in grid["datasets"]}
-    sections = [dataset_section(ds, Path(a.analysis), Path(a.figures), inits=inits, impulse_inits=impulse_inits,
-                                seeds=grid["seeds"], images=images[ds]) for ds in grid["datasets"]]
+    with stats.recording_conclusions() as conclusions:
+        sections = [dataset_section(ds, Path(a.analysis), Path(a.figures), inits=inits, impulse_inits=impulse_inits,
+                                    seeds=grid["seeds"], images=images[ds]) for ds in grid["datasets"]]
     text = ("# Attention and representations: what each initializer does, at init and after training\n\n"
-            "What ran: " + report.what_ran(params, grid["datasets"], grid["seeds"]) + " The main grid's "
+            "What ran: " + report.what_ran(params, grid["datasets"], grid["seeds"], ran_with(
+                seed_dir(Path(a.results) / main_cell(d, i), s) for d, i, s in cells.main_runs(params)))
+            + " The main grid's "
             "models (seed by seed), rebuilt at initialization and loaded trained, on the first "
             "test images (stage analyze). Attention figures show the first seed; tables and "
             "conclusions use every seed.\n\n"
@@ -145,6 +149,7 @@ def main():
             "table, for reference:\n\n"
             + report.paper_main_block())
     write_text(a.out, text)
+    write_conclusions(a.out, stats.conclusions_record(Path(a.out).name, conclusions))
     print(text[:2000])
 
 

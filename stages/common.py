@@ -16,6 +16,7 @@ import structinit.params
 from structinit.cells import run_name, seed_dir
 from structinit.errors import StructinitError
 from structinit.io import without_timings, write_atomic
+from structinit.numerics import refuse_removed_setting
 
 TIMINGS_DIR = Path("logs/timings")   # wall-clock times: beside the outputs, never in them
 
@@ -24,6 +25,7 @@ def run_stage(main) -> None:
     """Run a stage's main(). Under DVC (DVC_STAGE set), skip the interpreter's teardown once
     every output is written: finalizing torch + timm + dvclive costs ~1.5 s per stage process.
     atexit handlers still run; errors exit as usual."""
+    refuse_removed_setting()
     try:
         main()
     except StructinitError as e:      # bad input, damaged file, diverged run: the message says it all
@@ -87,6 +89,36 @@ def log_timings(output: str | Path, timings: dict) -> None:
 
 def write_text(path: str | Path, text: str) -> None:
     write_atomic(path, lambda tmp: tmp.write_text(text))
+
+
+def conclusions_path(report_path: str | Path) -> Path:
+    """reports/<name>.md -> reports/conclusions/<name>.json: the report's verdicts as data."""
+    report_path = Path(report_path)
+    return report_path.parent / "conclusions" / f"{report_path.stem}.json"
+
+
+def write_conclusions(report_path: str | Path, record: dict) -> None:
+    """record: structinit.stats.conclusions_record of what the report concluded."""
+    write_json(conclusions_path(report_path), record)
+
+
+def ran_with(run_dirs) -> str:
+    """One sentence for a report's "What ran": what the runs computed in and on, from what each
+    logged beside its params (stages/train.py), e.g. "Computed in bf16 (autocast) on CPU: AMD
+    EPYC 9R14, 2 threads (25 runs)"."""
+    import yaml
+
+    seen: dict[str, int] = {}
+    for run in run_dirs:
+        logged = yaml.safe_load((Path(run) / "params.yaml").read_text())
+        dtype = logged.get("compute_dtype", "an unrecorded dtype")
+        where = (f"CPU: {logged['cpu']}, {logged['cpu_threads']} threads" if logged.get("device") == "cpu"
+                 else logged.get("device", "an unrecorded device"))
+        key = f"{dtype}{' (autocast)' if dtype == 'bf16' else ''} on {where}"
+        seen[key] = seen.get(key, 0) + 1
+    if not seen:
+        return ""
+    return "Computed in " + "; ".join(f"{k} ({n} run{'s' * (n > 1)})" for k, n in seen.items())
 
 
 def read_cell(group_dir: Path, seed: int):

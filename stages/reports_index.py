@@ -57,7 +57,8 @@ TABLES = [
                         "per-layer solve): which input to solve Q/K on"),
     ("heads_width.md", "more heads, wider models: does the structured init's advantage hold?"),
     ("summary.json", "headline numbers, for `dvc metrics show` / `dvc metrics diff`"),
-    ("conclusions.json", "every tested pair of the main table: means, n, p, Holm p, verdict"),
+    ("conclusions/", "each report's verdicts as data (<report>.json: every tested statement, means, n, "
+                     "p, Holm p, verdict, fragile); what `./run.sh verify` compares"),
     ("cells.csv", "one row per trained run of the main grid (final and best test accuracy)"),
     ("curves.csv", "accuracy and loss per epoch, one row per dataset, initializer, seed and epoch"),
 ]

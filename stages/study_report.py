@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from stages.common import load_params, read_cell, recipe, run_stage, write_text
+from stages.common import load_params, ran_with, read_cell, recipe, run_stage, write_conclusions, write_text
 from structinit import report, stats
 from structinit.cells import STUDIES, Run, impulse_init, init_label, main_variant, parse_pseudo_variant, study_runs
 from structinit.config import FILTER_MODES
@@ -29,8 +29,9 @@ SOFTNESS_CAVEAT = (
     "`-S solve.solver=adam` runs the official solver on each.\n\n")
 
 
-def _what_ran(params, study, extra=""):
+def _what_ran(params, study, extra, runs):
     s = params["studies"][study]
+    extra = ". ".join(e for e in (extra, runs.attrs["ran_with"]) if e)
     return ("What ran: " + report.what_ran(params, s["datasets"], s["seeds"], extra, vit=study != "convmixer")
             + " Final-epoch test "
             "accuracy (%), mean ± std over seeds, 95% CI = t-interval of the mean, n = seeds.")
@@ -46,7 +47,9 @@ def _collect(runs: list[Run], logged=()):
     def params_of(r):
         logged_params = yaml.safe_load((r.dir / "params.yaml").read_text()) if logged else {}
         return {k: logged_params[k] for k in logged}
-    return pd.DataFrame([{**r.fields, **read_cell(r.folder, r.seed)[0], **params_of(r)} for r in runs])
+    frame = pd.DataFrame([{**r.fields, **read_cell(r.folder, r.seed)[0], **params_of(r)} for r in runs])
+    frame.attrs["ran_with"] = ran_with(r.dir for r in runs)       # for _what_ran
+    return frame
 
 
 def convmixer(params, main, studies):
@@ -57,7 +60,7 @@ def convmixer(params, main, studies):
             "Why impulse filters: depthwise k×k filters learned, or frozen random U(±1/k), frozen "
             "impulse (one-hot) or frozen box (all taps equal); channel mixing always learned. "
             "paper = CIFAR-10 numbers quoted from the paper.\n\n"
-            + _what_ran(params, "convmixer", f"ConvMixer sizes: {sizes}") + "\n\n"
+            + _what_ran(params, "convmixer", f"ConvMixer sizes: {sizes}", runs) + "\n\n"
             + report.study_table(runs, "size", "mode", rows=s["sizes"], cols=s["modes"],
                                  paper=report.PAPER_CONVMIXER, paper_dataset="cifar10") + "\n\n"
             + stats.conclusions_block(report.pairwise_comparisons(runs, "mode", within="size")) + "\n"
@@ -83,7 +86,7 @@ def pseudo_input(params, main, studies):
             "Pseudo-input of the first block → of the later blocks (P: sin-cos encoding, U: uniform, "
             "G: truncated normal, A = P+U, B = P+G), one Q/K solve shared by every block or one per "
             "block. paper = CIFAR-10, PE everywhere with shared Q/K.\n\n"
-            + _what_ran(params, "pseudo_input", f"Kernel {k}") + "\n\n"
+            + _what_ran(params, "pseudo_input", f"Kernel {k}", runs) + "\n\n"
             + (SOFTNESS_CAVEAT if params["solve"]["solver"] == "closed_form" else "")
             + report.study_table(runs, "variant", "kernel", rows=variants, cols=[impulse_init(k)],
                                  paper=report.PAPER_PSEUDO_INPUT, paper_dataset="cifar10",
@@ -106,7 +109,7 @@ def heads_width(params, main, studies):
     return ("# Heads and width: structured init vs baselines\n\n"
             "Each shape overrides the dataset recipe's model; \"recipe\" rows are the main grid's "
             "cells. paper = CIFAR-100 numbers quoted from the paper.\n\n"
-            + _what_ran(params, "heads_width", f"{recipes}; {desc}") + "\n\n"
+            + _what_ran(params, "heads_width", f"{recipes}; {desc}", runs) + "\n\n"
             + report.study_table(runs, "shape", "init", rows=shapes, cols=list(s["inits"]),
                                  paper=report.PAPER_HEADS_WIDTH, paper_dataset="cifar100",
                                  col_label=init_label) + "\n\n"
@@ -141,7 +144,7 @@ def data_size(params, main, studies, out, figures):
             "round(main grid's steps / steps per epoch); the warm-up lasts the main grid's warm-up "
             "steps, and the test set is evaluated about as often in steps, and at the last epoch "
             "(`structinit/steps.py`).\n\n"
-            + _what_ran(params, "data_size", f"Steps held: {held}") + "\n\n"
+            + _what_ran(params, "data_size", f"Steps held: {held}", runs) + "\n\n"
             + report.schedule_table(runs) + "\n\n"
             + report.study_table(runs, "init", "size", rows=list(s["inits"]), cols=sizes,
                                  row_label=init_label, col_label=images) + "\n\n"
@@ -159,10 +162,12 @@ def _data_size_runs(params, main, studies):
     its training images (logged), the epochs it logged metrics for, and the optimizer steps."""
     runs = _collect(study_runs(params, "data_size", main, studies),
                     logged=("train_images", "batch_size", "warmup_epochs", "eval_every"))
+    ran = runs.attrs["ran_with"]
     runs["steps_per_epoch"] = [steps_per_epoch(n, b) for n, b in zip(runs.train_images, runs.batch_size)]
     runs["steps"] = runs.epochs * runs.steps_per_epoch
     runs = runs.sort_values(["dataset", "train_images"], kind="stable").reset_index(drop=True)
     runs["size"] = [report.size_label(n, f) for n, f in zip(runs.train_images, runs.fraction)]
+    runs.attrs["ran_with"] = ran                 # not left to pandas' attrs propagation
     return runs
 
 
@@ -213,8 +218,10 @@ def main():
         ap.error("--figures FOLDER goes with the data_size study, and only with it")
     params = load_params()
     extra = {"out": a.out, "figures": Path(a.figures)} if a.figures else {}
-    text = globals()[a.study](params, Path(a.main), Path(a.studies), **extra)
+    with stats.recording_conclusions() as conclusions:
+        text = globals()[a.study](params, Path(a.main), Path(a.studies), **extra)
     write_text(a.out, text)
+    write_conclusions(a.out, stats.conclusions_record(Path(a.out).name, conclusions))
     print(text)
 
 

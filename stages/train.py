@@ -29,7 +29,8 @@ from structinit.imagenet import manifest_labels
 from structinit.io import load_checked, save_torch, without_timings
 from structinit.models import create_convmixer
 from structinit.steps import match_steps, steps_per_epoch, total_steps
-from structinit.train import train_models
+from structinit.numerics import numerics_record
+from structinit.train import compute_dtype, train_models
 
 
 def parse_args():
@@ -166,10 +167,16 @@ def main():
     cfgs = [TrainConfig(**train, seed=seed) for seed in seeds]
     models, records = zip(*(build(a, params, rec, spec, seed) for seed in seeds))
     # Checkpoints live outside DVC's outputs (DVC deletes outputs before a stage runs), so an
-    # interrupted cell resumes each seed from its last finished epoch. STRUCTINIT_CKPT_DIR moves them.
+    # interrupted cell resumes from its last finished epoch: on-device cells from one file with
+    # every seed (checkpoint.pt), streamed ones seed by seed. STRUCTINIT_CKPT_DIR moves them.
     cell = Path(a.out).name
     ckpt_dir = Path(os.environ.get("STRUCTINIT_CKPT_DIR", ".ckpt")) / Path(a.out).parent.name / cell
     fingerprints = [cell_fingerprint(r, subset) for r in records]
+    device = DistributedContext.from_env().device()      # the one the trainer will pick
+    # what the cell computed with: logged beside its params, shown in the reports' "What ran"
+    ran_with = {"compute_dtype": compute_dtype(cfgs[0], device, models[0]), "device": device.type,
+                **({"cpu": (n := numerics_record())["cpu"], "cpu_threads": n["threads"]}
+                   if device.type == "cpu" else {})}
     with contextlib.ExitStack() as stack:
         # under torchrun, rank 0 alone logs and writes (dvclive's advice for DDP)
         lives = [stack.enter_context(Live(seed_dir(a.out, seed), dvcyaml=False, save_dvc_exp=False))
@@ -177,7 +184,7 @@ def main():
         for live, seed, record in zip(lives, seeds, records):
             live.log_params({"dataset": a.dataset, "seed": seed, "train_images": len(subset),
                              **{k: v for k, v in record.items() if k in ("model", "method", "size", "filter_mode")},
-                             **train, **sizes})
+                             **train, **sizes, **ran_with})
 
         def log(i, metrics):
             for key in ("train_loss", "train_acc", "test_loss", "test_acc", "lr"):
@@ -193,7 +200,7 @@ def main():
             ctx.start()
             histories = train_models(
                 list(models), data, cfgs, train_indices=subset,
-                checkpoint_paths=[seed_dir(ckpt_dir, seed).with_suffix(".pt") for seed in seeds],
+                checkpoint_path=ckpt_dir / "checkpoint.pt",
                 fingerprints=fingerprints, on_epoch_end=log, ctx=ctx)
             ctx.stop()
         for live, history in zip(lives, histories):
@@ -209,8 +216,9 @@ def main():
             "epochs": [{k: h[k] for k in ("epoch", "train_seconds", "seconds", "images_per_s")}
                        for h in history]})
         save_torch(seed_dir(a.model_out, seed).with_suffix(".pt"), model.state_dict())
-        seed_dir(ckpt_dir, seed).with_suffix(".pt").unlink(missing_ok=True)
+        seed_dir(ckpt_dir, seed).with_suffix(".pt").unlink(missing_ok=True)    # streamed cells' checkpoints
         print(f"{run_name(cell, seed)}: final test acc {history[-1]['test_acc']:.4f}")
+    (ckpt_dir / "checkpoint.pt").unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -36,10 +36,6 @@ import pkgutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .numerics import pin_cpu_numerics
-
-pin_cpu_numerics()      # before any torch kernel runs: same bytes on every x86-64 CPU (numerics.py)
-
 
 def _type_checking_imports() -> dict[str, str]:
     """name -> "structinit.module" of every `from .module import name` under `if TYPE_CHECKING:` below."""

@@ -35,6 +35,9 @@ STREAMED = ("imagenet",)
 # needs the counts (a study's subset must hold a batch) before any data is loaded.
 TRAIN_IMAGES = {"digits": 1437, "cifar10": 50_000, "cifar100": 50_000, "svhn": 73_257,
                 "imagenet": 1_281_167}
+# Test images per dataset (digits: the other 20 %; ImageNet: its validation set): what an
+# accuracy difference is counted in (./run.sh verify).
+TEST_IMAGES = {"digits": 360, "cifar10": 10_000, "cifar100": 10_000, "svhn": 26_032, "imagenet": 50_000}
 
 
 def get_spec(name: str) -> DatasetSpec:

@@ -1,80 +1,64 @@
-"""Pinned CPU numerics: the same seed gives the same bytes on any x86-64 CPU with AVX2.
+"""CPU numerics: the CPU's own kernels, and a record of what a run computed with.
 
-PyTorch's own kernels (ATen), MKL and oneDNN each pick their code path by the CPU's
-instruction set, and AVX-512 code sums in a different order than AVX2 code. Training
-amplifies the last-bit differences (one digits cell moved by 10 accuracy points between two
-machines), so an unpinned run reproduces nobody's dvc.lock but its own machine's. Pinned, all
-three use their AVX2 code on every x86-64 CPU that has it (Intel since 2013, AMD since 2015),
-and CPU work runs on PINNED_THREADS intra-op threads whatever the core count: how a
-convolution or a matrix product splits its sums between threads changes the bytes too.
-`python -m benchmarks.cpu_numerics` shows that each setting is needed (ATen, MKL and oneDNN
-each change some cell's bytes; so does the thread count) and what the pin costs in speed.
+PyTorch (ATen), MKL and oneDNN pick their code by the CPU's instruction set, and the order in
+which a kernel sums depends on it. No setting makes every CPU give the same bytes at a speed
+worth having: pinning all three to AVX2 (what this project did until issue 24) still left the
+Intel and AMD machines' training bytes apart (the SVD/QR/lstsq behind the closed-form solve, a
+weight gradient and SDPA differ under it: ../shared/numerics), and MKL's portable path that
+made those ops agree cost a third of the fp32 speed, with bf16 excluded. So the pipeline uses
+each CPU's best kernels, bf16 where the CPU has it (train.compute_dtype), and promises:
 
-`import structinit` pins the process (os.environ, overriding the shell's values) before any
-kernel runs: the libraries read these variables on first use, not at import; the trainer and
-the solvers also set torch's thread count (use_pinned_threads).
+- bitwise: the same clone on the same CPU with the same thread count gives the same bytes
+  (tests/test_pipeline.py, tests/test_faults.py);
+- across CPUs: the same conclusions, and accuracies within a stated tolerance, which
+  `./run.sh verify` checks after `./run.sh repro` (README "What is reproducible").
 
-Opt-out for speed: STRUCTINIT_CPU_NUMERICS=native leaves the variables as the shell set them;
-results then depend on the CPU. GPUs are not affected either way (not bit-exact; README).
+Nothing here changes the process: importing structinit leaves os.environ and torch's thread
+count as they were. `numerics_record()` is what the reports print under "What ran".
 """
 from __future__ import annotations
 
 import os
+import platform
+from pathlib import Path
 
-PINNED_CPU_ENV = {
-    "ATEN_CPU_CAPABILITY": "avx2",   # PyTorch's own kernels (elementwise ops, softmax, reductions)
-    "MKL_CBWR": "AVX2",              # MKL's conditional numerical reproducibility (fp32 GEMM)
-    "ONEDNN_MAX_CPU_ISA": "AVX2",    # oneDNN (convolutions, matrix products)
-    "OMP_NUM_THREADS": "2",          # = PINNED_THREADS, for work that runs before the trainer sets it
-    "MKL_NUM_THREADS": "2",
-}
-PINNED_THREADS = 2                   # the reference machines' core count: the default's speed there
-OPT_OUT_VAR = "STRUCTINIT_CPU_NUMERICS"
-MODES = ("pinned", "native")
+REMOVED_VAR = "STRUCTINIT_CPU_NUMERICS"     # the old pin's opt-out; the pin is gone
 
 
-def cpu_numerics_mode(environ=os.environ) -> str:
-    mode = environ.get(OPT_OUT_VAR, "pinned") or "pinned"
-    if mode not in MODES:
-        raise SystemExit(f"{OPT_OUT_VAR}={mode!r}: use one of {MODES} (pinned is the default)")
-    return mode
-
-
-def pin_cpu_numerics(environ=os.environ) -> str:
-    """Set the pinned instruction set in `environ` unless the user opted out; returns the mode."""
-    mode = cpu_numerics_mode(environ)
-    if mode == "pinned":
-        environ.update(PINNED_CPU_ENV)
-    return mode
-
-
-def use_pinned_threads() -> None:
-    """Pinned mode: torch runs PINNED_THREADS intra-op threads (the bytes depend on it)."""
-    if cpu_numerics_mode() == "pinned":
-        import torch
-
-        check_cpu_numerics()
-        if torch.get_num_threads() != PINNED_THREADS:
-            torch.set_num_threads(PINNED_THREADS)
-
-
-def check_cpu_numerics() -> str:
-    """After torch is imported: the instruction set ATen actually dispatches to. Raises when
-    the pin was asked for but ATen had already chosen another one (a kernel ran before
-    `import structinit`; import structinit first)."""
+def cpu_has_native_bf16() -> bool:
+    """True when oneDNN runs bf16 matrix products natively (AVX512-BF16 or AMX); elsewhere
+    bf16 is emulated and slower than fp32."""
     import torch
 
-    capability = torch.backends.cpu.get_cpu_capability()   # e.g. "AVX2", "AVX512", "DEFAULT"
-    if (cpu_numerics_mode() == "pinned" and capability not in ("AVX2", "DEFAULT")
-            and _is_x86()):
-        raise RuntimeError(
-            f"CPU numerics are pinned to AVX2 but PyTorch already dispatches to {capability}: "
-            "a kernel ran before `import structinit` set the pin. Import structinit before "
-            f"running any torch op, or set {OPT_OUT_VAR}=native to run unpinned.")
-    return capability
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def _is_x86() -> bool:
-    import platform
+def cpu_model() -> str:
+    """The CPU's model name (e.g. "AMD EPYC 9R14"), from /proc/cpuinfo where there is one."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
-    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+def numerics_record() -> dict:
+    """What this process computes with on the CPU: model, instruction set ATen dispatches to,
+    native bf16, intra-op threads, torch release."""
+    import torch
+
+    return {"cpu": cpu_model(), "aten_capability": torch.backends.cpu.get_cpu_capability(),
+            "native_bf16": cpu_has_native_bf16(), "threads": torch.get_num_threads(),
+            "torch": torch.__version__.split("+")[0]}
+
+
+def refuse_removed_setting(environ=os.environ) -> None:
+    """The old opt-out variable, still set in someone's shell, would now do nothing: say so."""
+    if environ.get(REMOVED_VAR):
+        raise SystemExit(
+            f"{REMOVED_VAR}={environ[REMOVED_VAR]!r} is no longer read: the CPU pin it switched off is "
+            "gone (it did not give the same bytes on Intel and AMD CPUs and cost speed); every run now "
+            f"uses the CPU's own kernels. Unset {REMOVED_VAR}; README 'What is reproducible' says what holds.")

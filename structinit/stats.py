@@ -11,6 +11,7 @@ every pair reads "not testable".
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from dataclasses import asdict, dataclass
@@ -21,6 +22,16 @@ from scipy import stats as sps
 ALPHA = 0.05
 TEST = ("Welch's t-test (two-sided, unequal variances) across seeds, Holm-corrected over the pairs "
         "of each family (the text before the colon)")
+FRAGILE_FACTOR = 2.0
+FRAGILE_RULE = (f"fragile: the corrected p lies within a factor of {FRAGILE_FACTOR:g} of alpha "
+                f"(alpha / {FRAGILE_FACTOR:g} <= p <= {FRAGILE_FACTOR:g} alpha), so a last-bit difference in "
+                "training (another CPU, bf16 vs fp32) can flip the verdict; stated, never bolded, and "
+                "not held against a re-run by ./run.sh verify")
+
+
+def is_fragile(p_adjusted: float, alpha: float = ALPHA) -> bool:
+    """A verdict that sits so close to alpha that float noise in training may flip it."""
+    return not math.isnan(p_adjusted) and alpha / FRAGILE_FACTOR <= p_adjusted <= alpha * FRAGILE_FACTOR
 
 
 @dataclass(frozen=True)
@@ -107,8 +118,9 @@ def conclusion_lines(comparisons: list[Comparison], label=str, alpha: float = AL
     sig = sorted((c for c in comparisons if c.verdict != "~"), key=lambda c: -abs(c.mean_a - c.mean_b))
     for c in sig:
         hi, lo = (c.a, c.b) if c.verdict == ">" else (c.b, c.a)
-        lines.append(f"- {c.family}: **{label(hi)} > {label(lo)}** by {abs(c.mean_a - c.mean_b):.2f} {unit} "
-                     f"(p = {c.p_holm:.3g} Holm, {n_text(c)})")
+        claim = f"{label(hi)} > {label(lo)}"
+        lines.append(f"- {c.family}: {_emphasis(claim, c.p_holm, alpha)} by {abs(c.mean_a - c.mean_b):.2f} {unit} "
+                     f"(p = {c.p_holm:.3g} Holm, {n_text(c)}){_fragile_note(c.p_holm, alpha)}")
     for c in comparisons:
         if c.verdict != "~":
             continue
@@ -117,8 +129,56 @@ def conclusion_lines(comparisons: list[Comparison], label=str, alpha: float = AL
                          "(a test needs two seeds per side and some spread)")
         else:
             lines.append(f"- {c.family}: {label(c.a)} vs {label(c.b)}: not distinguishable at {n_text(c)} "
-                         f"(difference {c.mean_a - c.mean_b:+.2f}, p = {c.p_holm:.2g} Holm)")
+                         f"(difference {c.mean_a - c.mean_b:+.2f}, p = {c.p_holm:.2g} Holm)"
+                         f"{_fragile_note(c.p_holm, alpha)}")
+    _record(comparisons, alpha)
     return lines
+
+
+def _emphasis(claim: str, p_adjusted: float, alpha: float) -> str:
+    return claim if is_fragile(p_adjusted, alpha) else f"**{claim}**"
+
+
+def _fragile_note(p_adjusted: float, alpha: float) -> str:
+    return (f" — fragile (p within a factor of {FRAGILE_FACTOR:g} of α = {alpha:g})"
+            if is_fragile(p_adjusted, alpha) else "")
+
+
+# --- conclusions as data: every report writes the verdicts it states (./run.sh verify) --------
+
+_recording: list[list] = []
+
+
+@contextlib.contextmanager
+def recording_conclusions():
+    """Collects every comparison whose sentences are generated inside the block (by
+    conclusion_lines / gap_change_lines), for conclusions_record."""
+    entries: list = []
+    _recording.append(entries)
+    try:
+        yield entries
+    finally:
+        _recording.pop()
+
+
+def _record(items, alpha: float) -> None:
+    for entries in _recording:
+        entries += [(item, alpha) for item in items]
+
+
+def conclusion_id(c) -> str:
+    """A stable name for one tested statement, the same in every run of the same grid."""
+    if isinstance(c, GapChange):
+        return f"{c.family}: gap {c.a} - {c.b}, {c.other} vs {c.base}"
+    return f"{c.family}: {c.a} vs {c.b}"
+
+
+def conclusions_record(report: str, entries: list) -> dict:
+    """What a report concludes, machine-readable: one entry per tested statement with its
+    verdict (">", "<", "~"), corrected p and whether it is fragile."""
+    return {"report": report, "test": TEST, "fragile_rule": FRAGILE_RULE,
+            "conclusions": [{"id": conclusion_id(c), **c.to_dict(), "alpha": alpha,
+                             "fragile": is_fragile(c.p_holm, alpha)} for c, alpha in entries]}
 
 
 def conclusions_block(comparisons: list[Comparison], label=str, alpha: float = ALPHA,
@@ -202,8 +262,8 @@ def gap_change_lines(changes: list[GapChange], label=str, condition=str, unit: s
                 how = ("not testable" if math.isnan(c.p) else
                        f"change not distinguishable from 0 ({change:+.2f}, p = {c.p_holm:.2g} Holm)")
             else:
-                how = (f"**{'larger' if c.verdict == '>' else 'smaller'}** by {abs(change):.2f} {unit} "
-                       f"(p = {c.p_holm:.3g} Holm)")
+                how = (f"{_emphasis('larger' if c.verdict == '>' else 'smaller', c.p_holm, ALPHA)} by "
+                       f"{abs(change):.2f} {unit} (p = {c.p_holm:.3g} Holm){_fragile_note(c.p_holm, ALPHA)}")
             parts.append(f"{c.gap_other:+.2f} at {condition(c.other)}: {how}")
         larger = [condition(c.other) for c in group if c.verdict == ">"]
         smaller = [condition(c.other) for c in group if c.verdict == "<"]
@@ -216,4 +276,5 @@ def gap_change_lines(changes: list[GapChange], label=str, condition=str, unit: s
                 for word, where in (("larger", larger), ("smaller", smaller)) if where)
         lines.append(f"- {family}, {label(a)} − {label(b)}: {first.gap_base:+.2f} {unit} at "
                      f"{condition(first.base)}; " + "; ".join(parts) + f". {verdict}")
+    _record(changes, ALPHA)
     return lines

@@ -34,7 +34,6 @@ from .config import TrainConfig
 from .distributed import DistributedContext, refuse_batchnorm
 from .imagenet import SeededAugmentation, test_loader, train_loader
 from .io import CorruptFileError, load_checked, save_checked
-from .numerics import use_pinned_threads
 from .train import NonFiniteLossError, autocast, lr_at, param_groups
 
 CHECKPOINT_FORMAT = 1
@@ -63,8 +62,6 @@ def train_streamed(model: torch.nn.Module, train_set: SeededAugmentation, test_s
     refuse_batchnorm([model], ctx.world_size)
     num_classes = model.num_classes
     device = ctx.device()
-    if device.type == "cpu":
-        use_pinned_threads()
     workers = default_workers() if workers is None else workers
     model.to(device)
     steps_per_epoch = len(train_set) // cfg.batch_size

@@ -11,7 +11,8 @@ The whole dataset lives on the training device as one uint8 tensor; each batch i
 augmented (augment.py) and normalized there. Per-epoch randomness (shuffle, augmentation)
 comes from a generator seeded by (seed, epoch), so a run resumed from its end-of-epoch
 checkpoint continues exactly as the uninterrupted run would have. Each model has its own
-data order (its seed's), its own checkpoint and its own metrics.
+data order (its seed's) and its own metrics; the checkpoint holds every model's state in one
+file, written atomically, so a kill can never leave the models at different epochs.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from .data import ImageData
 from .distributed import DistributedContext, refuse_batchnorm
 from .errors import StructinitError
 from .io import CorruptFileError, load_checked, save_checked
-from .numerics import use_pinned_threads
+from .numerics import cpu_has_native_bf16
 from .stacked import StackedModels, clip_grad_norm_per_model, set_grads
 
 
@@ -105,10 +106,24 @@ def _epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Gener
     return torch.Generator(device=device).manual_seed(seed * 1_000_003 + epoch)
 
 
+def compute_dtype(cfg: TrainConfig, device: torch.device, model: torch.nn.Module | None = None) -> str:
+    """What the step computes in: "bf16" (autocast) or "fp32". amp='auto': bf16 on CUDA (the
+    paper trains with mixed precision) and on CPUs with native bf16 instructions (AVX512-BF16
+    or AMX: 2x the digits trainer's fp32 rate on Zen 4, benchmarks/trainer_speed.py), unless
+    `model` has BatchNorm (the CPU kernel takes no bf16 input with fp32 statistics); fp32 on
+    other CPUs, where bf16 is emulated and slower than fp32. 'bf16' everywhere; 'off': fp32."""
+    if cfg.amp == "auto":
+        if device.type == "cuda":
+            return "bf16"
+        has_batchnorm = model is not None and any(
+            isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+        return "bf16" if device.type == "cpu" and cpu_has_native_bf16() and not has_batchnorm else "fp32"
+    return "bf16" if cfg.amp == "bf16" else "fp32"
+
+
 def autocast(cfg: TrainConfig, device: torch.device):
-    """amp='auto': bf16 autocast on CUDA, fp32 elsewhere; 'bf16' everywhere (CPU too); 'off'."""
-    use = cfg.amp == "bf16" or (cfg.amp == "auto" and device.type == "cuda")
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=use)
+    """The autocast context of compute_dtype(cfg, device)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=compute_dtype(cfg, device) == "bf16")
 
 
 @torch.no_grad()
@@ -128,15 +143,14 @@ def evaluate(model, images: torch.Tensor, labels: torch.Tensor, *, augmentation:
     return {"test_loss": loss_sum.item() / n, "test_acc": correct.item() / n}
 
 
-CHECKPOINT_FORMAT = 2      # 2: per-model optimizer state by parameter name (stacked trainer)
+CHECKPOINT_FORMAT = 3      # 3: one file per call, every model's state (2: one file per model)
 
 
 @dataclasses.dataclass(eq=False)                  # identity: runs.index(run) finds this run
 class _Run:
-    """One model's training: its weights, history so far, optimizer state and checkpoint."""
+    """One model's training: its weights, history so far and optimizer state."""
     model: torch.nn.Module
     cfg: TrainConfig
-    checkpoint: Path | None
     fingerprint: dict
     history: list = dataclasses.field(default_factory=list)
     optimizer: dict | None = None       # {"step": float, "exp_avg": {name: t}, "exp_avg_sq": {...}}
@@ -172,6 +186,7 @@ class _StackedGroup:
     stack: StackedModels
     opt: torch.optim.Optimizer
     chunked: ChunkedBackward | None
+    checkpoint: Path | None             # every run's state, one file (rank 0 writes it)
 
     @property
     def seeds(self) -> list[int]:
@@ -185,24 +200,26 @@ def train_model(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
     """Train one model in place; returns one metrics dict per epoch (see train_models)."""
     callback = (lambda i, metrics: on_epoch_end(metrics)) if on_epoch_end else None
     return train_models([model], data, [cfg], device=device, train_indices=train_indices,
-                        checkpoint_paths=[checkpoint_path], fingerprints=[fingerprint],
+                        checkpoint_path=checkpoint_path, fingerprints=[fingerprint],
                         on_epoch_end=callback, progress=progress)[0]
 
 
 def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[TrainConfig], *,
                  device: torch.device | str | None = None, train_indices: torch.Tensor | None = None,
-                 checkpoint_paths: list | None = None, fingerprints: list | None = None,
+                 checkpoint_path: str | Path | None = None, fingerprints: list | None = None,
                  on_epoch_end=None, progress: bool = True,
                  ctx: DistributedContext | None = None) -> list[list[dict]]:
     """Train models of one architecture in place, stacked; returns each one's epoch metrics.
 
     cfgs: one per model, equal except for `seed` (each model's data order and augmentation).
-    checkpoint_paths[i]: model i's checkpoint, written atomically after every epoch and
-    resumed from when it exists and its `fingerprints[i]` (config + whatever the caller adds,
-    e.g. the init) matches; a mismatching checkpoint is ignored and overwritten. Models whose
-    checkpoints stopped at different epochs (a kill between two writes) first catch up,
-    stacked by epoch, then train on together. on_epoch_end(i, metrics) is called for every
-    epoch of model i, including (first) the epochs restored from its checkpoint.
+    checkpoint_path: one file with every model's weights, optimizer state and history, written
+    atomically (a temporary file, then a rename) after every epoch, and resumed from when it
+    exists and its fingerprints (each model's config + whatever the caller adds in
+    `fingerprints[i]`, e.g. the init) all match; a mismatching checkpoint is ignored and
+    overwritten, a damaged one moved aside (all models then start afresh). One file, not one
+    per model: a kill between two models' writes would leave them at different epochs, and
+    no catch-up of one model alone is bitwise the stacked step. on_epoch_end(i, metrics) is
+    called for every epoch of model i, including (first) the epochs restored from the checkpoint.
 
     ctx: several processes (torchrun, distributed.py) train the stack together. Every process
     draws and augments the whole global batch (the same generators), keeps its own slice of
@@ -227,21 +244,21 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
                          "the global batch must split evenly")
     device = torch.device(device) if device is not None else ctx.device() if ctx.enabled else default_device()
     refuse_batchnorm(models, ctx.world_size)
-    if device.type == "cpu":
-        use_pinned_threads()                  # the bytes depend on the thread count (numerics.py)
-    checkpoint_paths = checkpoint_paths or [None] * len(models)
+    checkpoint = Path(checkpoint_path) if checkpoint_path else None
     fingerprints = fingerprints or [None] * len(models)
-    runs = [_Run(m.to(device), c, Path(p) if p else None,
-                 json.loads(json.dumps({"config": dataclasses.asdict(c), "checkpoint_format": CHECKPOINT_FORMAT,
-                                        **(f or {})}, default=str)))
-            for m, c, p, f in zip(models, cfgs, checkpoint_paths, fingerprints)]
+    dtype = compute_dtype(cfg, device, models[0])
+    runs = [_Run(m.to(device), c,
+                 json.loads(json.dumps({"config": dataclasses.asdict(c), "compute_dtype": dtype,
+                                        "checkpoint_format": CHECKPOINT_FORMAT, **(f or {})}, default=str)))
+            for m, c, f in zip(models, cfgs, fingerprints)]
+    cfg = dataclasses.replace(cfg, amp="bf16" if dtype == "bf16" else "off")   # amp='auto' resolved, once
     # Rank 0 restores first (and moves a damaged checkpoint aside), then the others read what
     # it left, so that every process starts from the same epoch.
-    for run in runs if ctx.is_main else []:
-        _restore(run, device, announce=True)
+    if ctx.is_main:
+        _restore(runs, checkpoint, device, announce=True)
     ctx.barrier()
-    for run in runs if not ctx.is_main else []:
-        _restore(run, device, announce=False)
+    if not ctx.is_main:
+        _restore(runs, checkpoint, device, announce=False)
     for run in runs:
         # every process builds the models itself; should a build differ (a solve that is not
         # bitwise reproducible on a GPU), rank 0's weights, the ones written out, are trained
@@ -261,24 +278,21 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
     setup = _Setup(cfg=cfg, device=device, ctx=ctx, augmentation=BatchAugmentation(data, cfg, device),
                    train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y,
                    batch_size=batch_size, progress=progress and ctx.is_main, on_epoch_end=report)
-    while todo := [r for r in runs if r.epochs_done < cfg.epochs]:
-        # The runs furthest behind train (stacked) until they reach the next ones, then all
-        # of those train on together; normally every run starts at the same epoch.
-        start = min(r.epochs_done for r in todo)
-        members = [r for r in todo if r.epochs_done == start]
-        stop = min([r.epochs_done for r in todo if r.epochs_done > start], default=cfg.epochs)
-        stack = StackedModels([r.model for r in members]).to(device).train()
-        opt = _stacked_adamw(stack, [r.optimizer for r in members], cfg, device)
+    start = runs[0].epochs_done                       # every run's: restored from one file
+    if start < cfg.epochs:
+        stack = StackedModels([r.model for r in runs]).to(device).train()
+        opt = _stacked_adamw(stack, [r.optimizer for r in runs], cfg, device)
         chunks, how = plan_cpu_chunks(cfg.cpu_chunks, stack.base, device, batch_size // ctx.world_size)
         chunked = (ChunkedBackward(stack, chunks, lambda replica, x, y: loss_and_grads(replica, x, y, cfg, device))
                    if chunks > 1 else None)
         if setup.progress:
             where = f"{device} x {ctx.world_size} processes" if ctx.enabled else device
-            print(f"training {len(members)} model(s) stacked on {where}, epochs {start + 1}-{stop}: {how} per step")
-        group = _StackedGroup(runs=members, stack=stack, opt=opt, chunked=chunked)
+            print(f"training {len(runs)} model(s) stacked on {where} in {dtype}, "
+                  f"epochs {start + 1}-{cfg.epochs}: {how} per step")
+        group = _StackedGroup(runs=runs, stack=stack, opt=opt, chunked=chunked, checkpoint=checkpoint)
         with chunked or contextlib.nullcontext():
-            _train_epochs(group, range(start, stop), setup)
-        for i, run in enumerate(members):
+            _train_epochs(group, range(start, cfg.epochs), setup)
+        for i, run in enumerate(runs):
             run.model.load_state_dict(stack.state_dict_of(i))
             run.optimizer = _optimizer_state_of(opt, stack, i)
     return [r.history for r in runs]
@@ -304,46 +318,53 @@ def _train_epochs(group: _StackedGroup, epochs: range, setup: _Setup) -> None:
             losses = " ".join(f"{m['train_loss']:.4f}" for m in per_model)
             tqdm.write(f"epoch {epoch + 1}/{cfg.epochs}  loss {losses}  {test}"
                        f"({per_model[0]['images_per_s'] * len(group.runs):.0f} model-img/s)")
-        for i, (run, metrics) in enumerate(zip(group.runs, per_model)):
+        for run, metrics in zip(group.runs, per_model):
             run.history.append(metrics)
-            if run.checkpoint is not None and setup.ctx.is_main:
-                save_checked(run.checkpoint, {
-                    "fingerprint": run.fingerprint, "epoch": epoch, "history": run.history,
-                    "model": stack.state_dict_of(i), "optimizer": _optimizer_state_of(group.opt, stack, i)})
+        if group.checkpoint is not None and setup.ctx.is_main:
+            save_checked(group.checkpoint, {
+                "fingerprints": [run.fingerprint for run in group.runs], "epoch": epoch,
+                "models": [{"history": run.history, "model": stack.state_dict_of(i),
+                            "optimizer": _optimizer_state_of(group.opt, stack, i)}
+                           for i, run in enumerate(group.runs)]})
         for run, metrics in zip(group.runs, per_model):
             if setup.on_epoch_end:
                 setup.on_epoch_end(run, metrics)
 
 
-def _restore(run: _Run, device: torch.device, announce: bool) -> None:
-    """Resume from run.checkpoint if it is sound and was written for this run's configuration;
-    a damaged one is discarded (renamed *.corrupt), never resumed from. announce: say so (rank 0)."""
+def _restore(runs: list[_Run], checkpoint: Path | None, device: torch.device, announce: bool) -> None:
+    """Resume every run from `checkpoint` if it is sound and was written for exactly these
+    runs' configurations; a damaged one is discarded (renamed *.corrupt), never resumed from,
+    and every run starts afresh. announce: say so (rank 0)."""
     say = print if announce else (lambda *_: None)
-    if run.checkpoint is None or not run.checkpoint.exists():
+    if checkpoint is None or not checkpoint.exists():
         return
     try:
-        state = load_checked(run.checkpoint, "a training checkpoint", map_location=device)
-        if not isinstance(state, dict) or state.get("fingerprint") != run.fingerprint:
-            say(f"ignoring {run.checkpoint}: it was written for a different configuration")
+        state = load_checked(checkpoint, "a training checkpoint", map_location=device)
+        if not isinstance(state, dict) or state.get("fingerprints") != [r.fingerprint for r in runs]:
+            say(f"ignoring {checkpoint}: it was written for a different configuration")
             return
-        backup = {k: v.clone() for k, v in run.model.state_dict().items()}
+        backups = [{k: v.clone() for k, v in r.model.state_dict().items()} for r in runs]
         try:
-            run.model.load_state_dict(state["model"])
-            history, optimizer = state["history"], state["optimizer"]
-            if len(history) != state["epoch"] + 1 or not isinstance(optimizer, dict):
-                raise KeyError("history/epoch/optimizer")
-        except (KeyError, RuntimeError, TypeError) as e:
-            run.model.load_state_dict(backup)
-            raise CorruptFileError(f"{run.checkpoint} (a training checkpoint) is not a sound "
-                                   f"checkpoint of this model: {str(e).splitlines()[0]}") from None
+            restored = []
+            for run, saved in zip(runs, state["models"], strict=True):
+                run.model.load_state_dict(saved["model"])
+                if len(saved["history"]) != state["epoch"] + 1 or not isinstance(saved["optimizer"], dict):
+                    raise KeyError("history/epoch/optimizer")
+                restored.append((saved["history"], saved["optimizer"]))
+        except (KeyError, RuntimeError, TypeError, ValueError) as e:
+            for run, backup in zip(runs, backups):
+                run.model.load_state_dict(backup)
+            raise CorruptFileError(f"{checkpoint} (a training checkpoint) is not a sound "
+                                   f"checkpoint of these models: {str(e).splitlines()[0]}") from None
     except CorruptFileError as e:
-        bad = run.checkpoint.with_name(run.checkpoint.name + ".corrupt")
-        run.checkpoint.replace(bad)
+        bad = checkpoint.with_name(checkpoint.name + ".corrupt")
+        checkpoint.replace(bad)
         say(f"discarding an unusable checkpoint ({e}); moved to {bad}; "
-              "this model trains from its first epoch")
+            "every model trains from its first epoch")
         return
-    run.optimizer, run.history = optimizer, history
-    say(f"resuming from {run.checkpoint} after epoch {run.epochs_done}/{run.cfg.epochs}")
+    for run, (history, optimizer) in zip(runs, restored):
+        run.history, run.optimizer = history, optimizer
+    say(f"resuming from {checkpoint} after epoch {runs[0].epochs_done}/{runs[0].cfg.epochs}")
 
 
 def _stacked_adamw(stack: StackedModels, states: list[dict | None], cfg: TrainConfig,
@@ -354,7 +375,7 @@ def _stacked_adamw(stack: StackedModels, states: list[dict | None], cfg: TrainCo
     named = stack.trainable()
     opt = torch.optim.AdamW(_decay_groups(list(named.values()), cfg.weight_decay, 1), lr=cfg.lr,
                             eps=cfg.adam_eps, fused=device.type in ("cuda", "cpu"))
-    if states[0] is not None:                 # runs start together: all restored, or none
+    if states[0] is not None:                 # one checkpoint: all restored, or none
         steps = {s["step"] if s else None for s in states}
         assert len(steps) == 1, f"stacked runs at different optimizer steps {steps}"
         for name, p in named.items():

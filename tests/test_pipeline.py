@@ -102,8 +102,12 @@ def test_repro_builds_reports_and_leaves_git_clean(tiny_repo):
         accs = [json.loads((repo / f"results/train/{cell}/seed{s}/metrics.json").read_text())["final_test_acc"]
                 for s in (0, 1)]
         assert accs[0] != accs[1]                               # two seeds, two different runs
-    conclusions = json.loads((repo / "reports/conclusions.json").read_text())
-    assert len(conclusions["comparisons"]) == 3             # 3 inits: 3 pairs
+    conclusions = json.loads((repo / "reports/conclusions/main_table.json").read_text())
+    assert len(conclusions["conclusions"]) == 3             # 3 inits: 3 pairs
+    assert {c["id"] for c in conclusions["conclusions"]} == {
+        "digits: trunc_normal vs impulse3", "digits: trunc_normal vs impulse5", "digits: impulse3 vs impulse5"}
+    kernel = json.loads((repo / "reports/conclusions/kernel_table.json").read_text())
+    assert [c["id"] for c in kernel["conclusions"]] == ["digits: impulse3 vs impulse5"]
     summary = json.loads((repo / "reports/summary.json").read_text())
     assert summary["digits"]["ours"]["init"] == "impulse3"
     assert 0 < summary["digits"]["trunc_normal"]["acc"] <= 100

@@ -74,3 +74,30 @@ def test_preopt_benchmark_interleaves_its_repeats(monkeypatch, capsys):
     vit_t2 = [s for c, s in calls if c == 192]
     assert vit_t2 == ["adam", "closed_form"] * 3
     assert capsys.readouterr().out.strip().endswith("ratio: 1")
+
+
+def test_fragile_is_within_a_factor_of_two_of_alpha():
+    from structinit.stats import is_fragile
+    assert [is_fragile(p) for p in (0.0249, 0.025, 0.045, 0.05, 0.1, 0.1001, float("nan"))] == \
+        [False, True, True, True, True, False, False]
+
+
+def test_reports_record_the_verdicts_they_state_and_fragile_ones_are_not_bolded():
+    from structinit.stats import compare_all, conclusion_lines, conclusions_record, recording_conclusions
+    groups = {"a": [90.0, 91.0, 92.0, 93.0, 94.0], "b": [10.0, 11.0, 12.0, 13.0, 14.0],
+              "c": [90.5, 92.0, 93.5, 95.0, 96.5]}
+    comparisons = compare_all(groups, family="digits")
+    with recording_conclusions() as entries:
+        lines = conclusion_lines(comparisons)
+    record = conclusions_record("main_table.md", entries)
+    assert [c["id"] for c in record["conclusions"]] == ["digits: a vs b", "digits: a vs c", "digits: b vs c"]
+    assert [c["verdict"] for c in record["conclusions"]] == [">", "~", "<"]
+    assert all(not c["fragile"] for c in record["conclusions"])
+    assert any("**a > b**" in line for line in lines)
+    # a verdict at p = 0.04 (Holm) is fragile: stated, flagged, not bolded
+    from structinit.stats import Comparison
+    close = Comparison("digits", "x", "y", 60.0, 50.0, 5, 5, 0.04, 0.04, ">")
+    with recording_conclusions() as entries:
+        (line,) = conclusion_lines([close])
+    assert "**" not in line and "x > y" in line and "fragile" in line
+    assert conclusions_record("r.md", entries)["conclusions"][0]["fragile"] is True

@@ -23,7 +23,6 @@ import torch.nn.functional as F
 
 from ..config import OFFSET_ORDERS, PSEUDO_INPUTS, check_kernel
 from ..models.vit import check_structured_vit, patch_grid_of, sincos_position_encoding
-from ..numerics import use_pinned_threads
 from .solvers import SOLVERS, attention_from_qk, mean_target_mass
 
 
@@ -154,7 +153,6 @@ def solve_impulse_qk(patch_grid: tuple[int, int], embed_dim: int, num_heads: int
     per_layer=True solves every block afresh, with new offsets and a new pseudo-input draw.
     """
     patch_grid = tuple(patch_grid)
-    use_pinned_threads()            # the solve runs on CPU: its bytes depend on the thread count
     check_impulse_options(patch_grid, embed_dim, num_heads, kernel=kernel, offset_order=offset_order,
                           pseudo_input=pseudo_input, pseudo_input_rest=pseudo_input_rest,
                           solver=solver)

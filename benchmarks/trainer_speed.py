@@ -1,0 +1,170 @@
+"""Trainer throughput: today's trainer against an earlier commit's, on the default digits cell.
+
+    python -m benchmarks.trainer_speed [--baseline 6634bb3] [--epochs 4] [--repeats 3] [--portable]
+
+Each contender trains the default digits cell (params.yaml's recipe, Trunc Normal, 5 seeds
+stacked, as `dvc repro` does) for a few epochs in a process of its own (numerics settings are
+read once per process), with the code of its commit: the baseline from a `git worktree` of
+--baseline (under .cache/), today's from this checkout. Repeats alternate between contenders,
+so machine load hits all alike. Per contender the child process also measures
+
+- the machine's GEMM rate for the dtype the trainer computes in (a 1024^3 matmul, fp32 or
+  bf16, under that process's own settings: the baseline's AVX2 pin, or the CPU's own kernels),
+- the FLOPs of one training image (forward + backward, torch.utils.flop_counter),
+
+and prints model-images/s (min/median over repeats, the median over a run's epochs after
+the first), the trainer's GFLOP/s and that as a fraction of the GEMM rate, and last
+`speedup: X` = median today / median baseline. --portable adds the baseline under MKL's
+portable path (MKL_CBWR=COMPATIBLE with the AVX2 pin): what bytes equal across Intel and AMD
+would cost (README "What is reproducible"). Runs unchanged on a GPU (GEMM and trainer there).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PINNED_PORTABLE = {"STRUCTINIT_CPU_NUMERICS": "native", "ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE",
+                   "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+
+
+def child(epochs: int, data_path: str, params_path: str) -> dict:
+    """Runs inside the contender's process, with its commit's structinit first on sys.path."""
+    import time
+
+    import torch
+    import yaml
+    from torch.utils.flop_counter import FlopCounterMode
+
+    import structinit as si
+    from structinit.build import build_model
+    from structinit.train import autocast, train_models
+
+    rec = yaml.safe_load(Path(params_path).read_text())["recipes"]["digits"]
+    data = si.ImageData.load(data_path)
+    cfgs = [si.TrainConfig(**dict(rec["train"], epochs=epochs, eval_every=epochs), seed=s) for s in range(5)]
+    device = si.default_device()
+    probe = build_model(rec["model"], data.spec).to(device)
+    with autocast(cfgs[0], device):
+        bf16 = torch.is_autocast_enabled(device.type)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    # GEMM ceiling for this dtype, under this process's settings
+    n = 4096 if device.type == "cuda" else 1024
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(7):
+        sync()
+        t = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        sync()
+        best = min(best, (time.perf_counter() - t) / 4)
+    gemm_gflops = 2 * n ** 3 / best / 1e9
+
+    # FLOPs per training image: one model, forward + backward, attention unfused (as stacked)
+    for m in probe.modules():
+        if hasattr(m, "fused_attn"):
+            m.fused_attn = False
+    x = data.test_images[:8].float().to(device)
+    with FlopCounterMode(display=False) as fc:
+        probe(x).float().logsumexp(-1).sum().backward()
+    flop_per_image = fc.get_total_flops() / len(x)
+
+    models = []
+    for s in range(5):
+        models.append(build_model(rec["model"], data.spec))
+        si.initialize(models[-1], "trunc_normal", seed=s)
+    hist = train_models(models, data, cfgs, progress=False)[0]
+    rates = [h["images_per_s"] * len(models) for h in hist[1:]] or [hist[0]["images_per_s"] * len(models)]
+    return {"model_images_per_s": statistics.median(rates), "gemm_gflops": gemm_gflops,
+            "flop_per_image": flop_per_image, "dtype": str(dtype).replace("torch.", ""),
+            "device": device.type, "capability": torch.backends.cpu.get_cpu_capability(),
+            "threads": torch.get_num_threads(), "structinit": str(Path(si.__file__).parent)}
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    import platform
+    return platform.processor() or platform.machine()
+
+
+def worktree(rev: str) -> Path:
+    """A detached worktree of `rev` under .cache/ (made once, reused)."""
+    sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    path = REPO / ".cache" / f"worktree-{sha}"
+    if not path.exists():
+        subprocess.run(["git", "worktree", "add", "--detach", "-f", str(path), sha], cwd=REPO, check=True,
+                       capture_output=True)
+    return path
+
+
+def run_child(code_root: Path, env_extra: dict, epochs: int, data_path: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in PINNED_PORTABLE and k != "PYTHONPATH"}
+    env.update(env_extra, PYTHONPATH=str(code_root), PYTHONDONTWRITEBYTECODE="1")
+    # this file's child(), loaded by path: the worktree has a benchmarks/ of its own
+    script = (f"import importlib.util, json, sys; sys.path.insert(0, {str(code_root)!r}); "
+              f"spec = importlib.util.spec_from_file_location('speed_child', {__file__!r}); "
+              "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod); "
+              f"print('RESULT ' + json.dumps(mod.child({epochs}, {str(data_path)!r}, {str(REPO / 'params.yaml')!r})))")
+    r = subprocess.run([sys.executable, "-c", script], cwd=code_root, env=env, capture_output=True, text=True)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    if r.returncode or not lines:
+        raise SystemExit(f"contender in {code_root} failed:\n{r.stderr[-3000:]}")
+    return json.loads(lines[-1][7:])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--baseline", default="6634bb3", help="the commit whose trainer is the baseline")
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--portable", action="store_true", help="also the baseline under MKL_CBWR=COMPATIBLE")
+    a = ap.parse_args()
+    from tabulate import tabulate
+
+    data_path = REPO / "data/prepared/digits.pt"
+    if not data_path.exists():
+        raise SystemExit(f"{data_path} is missing: run `./run.sh repro download@digits` first")
+    base = worktree(a.baseline)
+    contenders = {f"baseline {a.baseline} (its default: AVX2 pin)": (base, {}),
+                  "today (this checkout)": (REPO, {})}
+    if a.portable:
+        contenders[f"baseline {a.baseline}, MKL_CBWR=COMPATIBLE"] = (base, PINNED_PORTABLE)
+    results = {name: [] for name in contenders}
+    for r in range(a.repeats):
+        for name, (root, env) in contenders.items():
+            results[name].append(run_child(root, env, a.epochs, data_path))
+            print(f"repeat {r + 1}/{a.repeats} {name}: {results[name][-1]['model_images_per_s']:.0f} "
+                  "model-images/s", flush=True)
+    rows = []
+    for name, rs in results.items():
+        rates = [x["model_images_per_s"] for x in rs]
+        med, flop = statistics.median(rates), rs[0]["flop_per_image"]
+        gemm = statistics.median(x["gemm_gflops"] for x in rs)
+        rows.append([name, rs[0]["dtype"], rs[0]["capability"], rs[0]["threads"], f"{min(rates):.0f}", f"{med:.0f}",
+                     f"{med * flop / 1e9:.1f}", f"{gemm:.0f}", f"{med * flop / 1e9 / gemm:.2f}"])
+    print(f"\n{cpu_model()} ({rs[0]['device']}); default digits cell, 5 seeds stacked, {a.epochs} epochs, "
+          f"{a.repeats} alternating repeats; {results[next(iter(results))][0]['flop_per_image'] / 1e6:.1f} "
+          "MFLOP per training image (fwd + bwd)")
+    print(tabulate(rows, headers=["trainer", "dtype", "ATen ISA", "threads", "model-img/s min", "median",
+                                  "GFLOP/s", "GEMM GFLOP/s (its dtype)", "fraction of GEMM"], tablefmt="github"))
+    speed = (statistics.median(x["model_images_per_s"] for x in results["today (this checkout)"])
+             / statistics.median(x["model_images_per_s"] for x in results[next(iter(results))]))
+    print(f"speedup: {speed:.2f}")
+
+
+if __name__ == "__main__":
+    main()
