@@ -47,6 +47,7 @@ LOG_DIR = Path("logs/fanout")
 # Variables a cell receives from the shell that launched the fan-out: a Ray worker's own
 # environment is whatever its node was started with, not the user's shell.
 FORWARDED_PREFIXES = ("STRUCTINIT_", "DVC_", "DVCLIVE_")
+USER_OMP_VAR = "STRUCTINIT_USER_OMP_NUM_THREADS"   # the launching shell's OMP_NUM_THREADS ("" = unset)
 NPROC_VAR = "STRUCTINIT_NPROC"        # processes of one cell's DDP run; the training stage reads it
 # DVC runs a stage's cmd with the user's $SHELL minus its rc files (dvc/stage/run.py): so do we,
 # so that a cmd means the same thing under `dvc repro` and here.
@@ -225,6 +226,13 @@ def run_cell(root: str, cell: Cell, env: dict[str, str], gpus: float, *upstream:
                           f"not run: it needs {', '.join(failed)}, which failed")
     cell_env = dict(os.environ)
     cell_env.update(env)
+    # Ray sets OMP_NUM_THREADS to a task's reserved CPUs. A cell's bytes depend on torch's
+    # thread count, so the cell gets what the launching shell had (unset: the node's default),
+    # as `dvc repro` there would (README "What is reproducible").
+    user_omp = cell_env.pop(USER_OMP_VAR, "")
+    cell_env.pop("OMP_NUM_THREADS", None)
+    if user_omp:
+        cell_env["OMP_NUM_THREADS"] = user_omp
     # `python` and `dvc` in a cmd: the environment this worker runs in, as `dvc repro` under
     # ./run.sh would find them in .venv/bin
     cell_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + cell_env.get("PATH", "")
@@ -282,6 +290,7 @@ def run_shell(command: str, cwd: str, env: dict[str, str], out) -> int:
 
 def forwarded_env(nproc: int | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIXES)}
+    env[USER_OMP_VAR] = os.environ.get("OMP_NUM_THREADS", "")     # what the user's shell set, if anything
     if nproc:
         env[NPROC_VAR] = str(nproc)
     return env
