@@ -35,6 +35,6 @@ case "$cmd" in
   test)  bash tests/setup_browser.sh # chromium + local vega JS for test_plots_render (never fails)
          exec python -m pytest "$@" ;;
   repro) exec dvc repro "$@" ;;
-  verify) exec python -m structinit.verify "$@" ;;
+  verify) exec python -m structinit.pipeline.verify "$@" ;;
   *)     exec "$cmd" "$@" ;;
 esac

@@ -23,9 +23,9 @@ from scipy import stats
 from tabulate import tabulate
 
 from structinit import TrainConfig, initialize, prepare_dataset, train_models
-from structinit.build import build_model
-from structinit.cells import parse_init
-from structinit.train import BatchAugmentation
+from structinit.pipeline.build import build_model
+from structinit.pipeline.cells import parse_init
+from structinit.training.trainer import BatchAugmentation
 
 
 def train_arm(data, rec, init, epochs, seeds, amp):

@@ -17,8 +17,8 @@ import yaml
 from tabulate import tabulate
 
 from structinit import TrainConfig, initialize, prepare_dataset, train_models
-from structinit.build import build_model
-from structinit.cells import parse_init
+from structinit.pipeline.build import build_model
+from structinit.pipeline.cells import parse_init
 
 
 def run(data, rec, init, epochs, seeds):

@@ -22,10 +22,10 @@ from tabulate import tabulate
 from torch.utils.flop_counter import FlopCounterMode
 
 from structinit.config import FILTER_MODES, PSEUDO_INPUTS
-from structinit.datasets import DATASETS, TRAIN_IMAGES
+from structinit.data.specs import DATASETS, TRAIN_IMAGES
 from structinit.models import create_convmixer, create_vit
-from structinit.params import load_params
-from structinit.report import PAPER_HEADS_WIDTH_INITS, PAPER_MAIN
+from structinit.pipeline.params import load_params
+from structinit.reporting.tables import PAPER_HEADS_WIDTH_INITS, PAPER_MAIN
 
 # The grid priced is the paper's, whatever params.yaml's grid trims it to (its default runs
 # the same five initializers on digits only), so the counts come from the paper's tables.
@@ -57,7 +57,7 @@ def unfuse_attention(model: torch.nn.Module) -> int:
     modules it switched. The fused kernel (F.scaled_dot_product_attention; on CPU
     _scaled_dot_product_flash_attention_for_cpu) has no formula in FlopCounterMode, which
     would silently count no attention at all; the explicit matmuls are counted by its
-    well-tested matmul formulas and are the same products (structinit/stacked.py runs the
+    well-tested matmul formulas and are the same products (structinit/training/stacked.py runs the
     same path on CPU). A fused kernel's recomputation in the backward is an implementation
     detail and is not counted."""
     switched = 0

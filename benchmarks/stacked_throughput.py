@@ -5,15 +5,15 @@
 
 The baseline is the straightforward one-model loop: one eager timm module (fused attention),
 the same on-device batches, loss, per-model clipping and fused AdamW as the trainer, one model
-after another. "stacked N" is `structinit.train.train_models` on N models of the dataset's
-recipe (seeds 0..N-1), every op running all N at once (structinit/stacked.py). Both count
+after another. "stacked N" is `structinit.training.trainer.train_models` on N models of the dataset's
+recipe (seeds 0..N-1), every op running all N at once (structinit/training/stacked.py). Both count
 training time only (no evaluation); figures are models x images / s, min and median over
 repeats, the runs of one repeat interleaved so machine load hits all alike. The last line is
 `ratio: X`, stacked / baseline (medians) for --ratio-models models (default 5: the default
 grid's seeds, one cell's stack). On CPU the trainer splits each batch into one single-threaded
 chunk per core (cpu_chunks, "auto"); the row "stacked R, cpu_chunks=1" is the same stack with
 PyTorch's intra-op threads instead, so the two rows show what the chunks still buy;
---chunk-rows adds rows with other chunk counts (auto picks one: structinit/cpu_chunks.py). Runs
+--chunk-rows adds rows with other chunk counts (auto picks one: structinit/training/cpu_chunks.py). Runs
 unchanged on a GPU, where stacking packs several small models onto one device.
 """
 import argparse
@@ -27,8 +27,8 @@ from tabulate import tabulate
 
 import structinit as si
 from benchmarks.train_throughput import eager_step
-from structinit.build import build_model
-from structinit.train import BatchAugmentation, lr_at, param_groups, train_models
+from structinit.pipeline.build import build_model
+from structinit.training.trainer import BatchAugmentation, lr_at, param_groups, train_models
 
 
 def one_model_loop(model, data, cfg, device) -> float:

@@ -40,8 +40,8 @@ def child(epochs: int, data_path: str, params_path: str) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
     import structinit as si
-    from structinit.build import build_model
-    from structinit.train import autocast, train_models
+    from structinit.pipeline.build import build_model
+    from structinit.training.trainer import autocast, train_models
 
     rec = yaml.safe_load(Path(params_path).read_text())["recipes"]["digits"]
     data = si.ImageData.load(data_path)

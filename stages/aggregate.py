@@ -12,9 +12,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from stages.common import load_params, ran_with, read_cell, run_stage, write_conclusions, write_json, write_text
-from structinit import cells, report, stats
-from structinit.cells import impulse_init, init_label, main_cell, run_name, seed_dir, solve_cell
+from stages.common import load_params, run_stage, write_conclusions, write_json, write_text
+from structinit.reporting.runs import ran_with, read_cell
+from structinit.pipeline import cells
+from structinit.reporting import tables as report
+from structinit.reporting import stats
+from structinit.pipeline.cells import impulse_init, main_cell, run_name, seed_dir, solve_cell
+from structinit.reporting.presentation import init_label
 
 
 def main():

@@ -1,5 +1,5 @@
 """analyze: one trained ViT cell -> its attention and representations at init and after
-training, per seed (structinit/analysis.py), for the attention report's tables and figures.
+training, per seed (structinit/analysis/model.py), for the attention report's tables and figures.
 
 The model at initialization is rebuilt (same init, seed and, for the structured init, the same
 preoptimize artifact the training stage used); the trained weights are the training stage's.
@@ -14,12 +14,12 @@ from pathlib import Path
 import torch
 
 from stages.common import load_params, recipe, run_stage, seeds_at
-from structinit.analysis import analyze_model, test_batch
-from structinit.build import initialized_vit, load_impulse_solution
-from structinit.cells import IMPULSE, main_cell, main_stage, parse_init, run_name, seed_dir, solve_cell
-from structinit.data import ImageData
-from structinit.datasets import STREAMED, get_spec
-from structinit.imagenet import check_root_matches, evaluation_images
+from structinit.analysis.model import analyze_model, test_batch
+from structinit.pipeline.build import initialized_vit, load_impulse_solution
+from structinit.pipeline.cells import IMPULSE, main_cell, main_stage, parse_init, run_name, seed_dir, solve_cell
+from structinit.data.tensors import ImageData
+from structinit.data.specs import STREAMED, get_spec
+from structinit.data.imagenet import check_root_matches, evaluation_images
 from structinit.errors import StructinitError
 from structinit.io import MissingFileError, load_checked, load_torch, save_checked, without_timings
 

@@ -11,15 +11,18 @@ from pathlib import Path
 
 import numpy as np
 
-from stages.common import load_params, ran_with, run_stage, write_conclusions, write_text
-from structinit import cells
-from structinit.cells import impulse_kernel, init_label, main_cell, main_stage, seed_dir
-from structinit import attention_summary as summary
-from structinit import report, stats
-from structinit.analysis import ModelAnalysis
-from structinit.figures import attention as attention_fig
-from structinit.figures import cka as cka_fig
-from structinit.figures.style import save_figure
+from stages.common import load_params, run_stage, write_conclusions, write_text
+from structinit.reporting.runs import ran_with
+from structinit.pipeline import cells
+from structinit.pipeline.cells import impulse_kernel, main_cell, main_stage, seed_dir
+from structinit.reporting.presentation import init_label
+from structinit.reporting import attention_tables as summary
+from structinit.reporting import tables as report
+from structinit.reporting import stats
+from structinit.analysis.model import ModelAnalysis
+from structinit.reporting.figures import attention as attention_fig
+from structinit.reporting.figures import cka as cka_fig
+from structinit.reporting.figures.style import save_figure
 from structinit.io import load_checked
 
 

@@ -1,6 +1,7 @@
-"""What every stage script shares: reading params.yaml, atomic writes, timing logs.
+"""What every stage script shares: reading params.yaml, atomic writes, timing logs, and the
+pipeline's process policy (what the library itself never does: exits, environment checks).
 
-Cell names and which cells params.yaml asks for: structinit/cells.py.
+Cell names and which cells params.yaml asks for: structinit/pipeline/cells.py.
 
 Stages stay thin: parse arguments and params, call structinit, write outputs.
 """
@@ -12,13 +13,25 @@ import os
 import sys
 from pathlib import Path
 
-import structinit.params
-from structinit.cells import run_name, seed_dir
+import yaml
+
 from structinit.errors import StructinitError
 from structinit.io import without_timings, write_atomic
-from structinit.numerics import refuse_removed_setting
 
 TIMINGS_DIR = Path("logs/timings")   # wall-clock times: beside the outputs, never in them
+
+
+REMOVED_NUMERICS_VAR = "STRUCTINIT_CPU_NUMERICS"     # the old CPU pin's opt-out; the pin is gone
+
+
+def refuse_removed_setting(environ=os.environ) -> None:
+    """The old opt-out variable, still set in someone's shell, would now do nothing: say so."""
+    if environ.get(REMOVED_NUMERICS_VAR):
+        raise SystemExit(
+            f"{REMOVED_NUMERICS_VAR}={environ[REMOVED_NUMERICS_VAR]!r} is no longer read: the CPU pin it "
+            "switched off is gone (it did not give the same bytes on Intel and AMD CPUs and cost speed); "
+            f"every run now uses the CPU's own kernels. Unset {REMOVED_NUMERICS_VAR}; "
+            "docs/reproducibility.md says what holds.")
 
 
 def run_stage(main) -> None:
@@ -38,8 +51,10 @@ def run_stage(main) -> None:
 
 
 def load_params(path: str | Path = "params.yaml") -> dict:
-    """params.yaml, checked against its schema (structinit/params.py): ParamsError otherwise."""
-    return structinit.params.load_params(path)
+    """params.yaml as it is. The check_params stage, upstream of every stage, has checked it
+    against its schema (structinit/pipeline/params.py): a stage never imports the schema, so
+    editing a schema rule re-runs nothing but that check."""
+    return yaml.safe_load(Path(path).read_text())
 
 
 def recipe(params: dict, dataset: str) -> dict:
@@ -98,38 +113,5 @@ def conclusions_path(report_path: str | Path) -> Path:
 
 
 def write_conclusions(report_path: str | Path, record: dict) -> None:
-    """record: structinit.stats.conclusions_record of what the report concluded."""
+    """record: structinit.reporting.stats.conclusions_record of what the report concluded."""
     write_json(conclusions_path(report_path), record)
-
-
-def ran_with(run_dirs) -> str:
-    """One sentence for a report's "What ran": what the runs computed in and on, from what each
-    logged beside its params (stages/train.py), e.g. "Computed in bf16 (autocast) on CPU: AMD
-    EPYC 9R14, 2 threads (25 runs)"."""
-    import yaml
-
-    seen: dict[str, int] = {}
-    for run in run_dirs:
-        logged = yaml.safe_load((Path(run) / "params.yaml").read_text())
-        dtype = logged.get("compute_dtype", "an unrecorded dtype")
-        where = (f"CPU: {logged['cpu']}, {logged['cpu_threads']} threads" if logged.get("device") == "cpu"
-                 else logged.get("device", "an unrecorded device"))
-        key = f"{dtype}{' (autocast)' if dtype == 'bf16' else ''} on {where}"
-        seen[key] = seen.get(key, 0) + 1
-    if not seen:
-        return ""
-    return "Computed in " + "; ".join(f"{k} ({n} run{'s' * (n > 1)})" for k, n in seen.items())
-
-
-def read_cell(group_dir: Path, seed: int):
-    """One seed of a trained cell (its dvclive output) -> (final/best test accuracy in %,
-    epochs), curve (named <cell>-<seed>, e.g. digits-mimetic-3)."""
-    import pandas as pd  # only the report stages need it; keeps the training stages' start-up short
-
-    run = seed_dir(group_dir, seed)
-    metrics = json.loads((run / "metrics.json").read_text())
-    curve = pd.read_csv(run / "plots/metrics/test/acc.tsv", sep="\t")
-    return ({"acc": 100 * metrics["final_test_acc"], "best_acc": 100 * metrics["best_test_acc"],
-             "epochs": int(metrics["step"]) + 1},
-            curve.assign(cell=run_name(group_dir.name, seed), epoch=curve.step + 1))
-

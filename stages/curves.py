@@ -10,9 +10,9 @@ import argparse
 from pathlib import Path
 
 from stages.common import load_params, run_stage
-from structinit import curves
-from structinit.cells import main_runs
-from structinit.figures.curves import write_curves_figures
+from structinit.reporting import curves
+from structinit.pipeline.cells import main_runs
+from structinit.reporting.figures.curves import write_curves_figures
 
 
 def main():

@@ -3,9 +3,9 @@ for a dataset read from a local directory (ImageNet), check that directory and l
 import argparse
 
 from stages.common import load_params, run_stage
-from structinit.data import prepare_dataset
-from structinit.datasets import STREAMED, get_spec
-from structinit.imagenet import scan_imagenet
+from structinit.data.tensors import prepare_dataset
+from structinit.data.specs import STREAMED, get_spec
+from structinit.data.imagenet import scan_imagenet
 from structinit.io import save_checked
 
 

@@ -3,12 +3,12 @@ per seed of grid.seeds (<out>/seed<s>.pt, <record>/seed<s>.json)."""
 import argparse
 
 from stages.common import load_params, log_timings, recipe, run_stage, seeds_at, write_record
-from structinit.cells import seed_dir
+from structinit.pipeline.cells import seed_dir
 from structinit.io import save_checked, without_timings
 from structinit.config import patch_grid_for
-from structinit.datasets import get_spec
+from structinit.data.specs import get_spec
 from structinit.init.impulse import solve_impulse_qk
-from structinit.build import impulse_options
+from structinit.pipeline.build import impulse_options
 
 
 def main():

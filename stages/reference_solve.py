@@ -9,9 +9,9 @@ when the model shape, the offsets or the solver code change.
 import argparse
 
 from stages.common import load_params, log_timings, recipe, run_stage, seeds_at, write_record
-from structinit.cells import seed_dir
+from structinit.pipeline.cells import seed_dir
 from structinit.config import patch_grid_for
-from structinit.datasets import get_spec
+from structinit.data.specs import get_spec
 from structinit.init.impulse import solve_impulse_qk
 
 # The settings that pick the offsets and the pseudo-input: the same as the solve that ran.

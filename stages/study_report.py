@@ -14,12 +14,15 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from stages.common import load_params, ran_with, read_cell, recipe, run_stage, write_conclusions, write_text
-from structinit import report, stats
-from structinit.cells import STUDIES, Run, impulse_init, init_label, main_variant, parse_pseudo_variant, study_runs
+from stages.common import load_params, recipe, run_stage, write_conclusions, write_text
+from structinit.reporting.runs import ran_with, read_cell
+from structinit.reporting import tables as report
+from structinit.reporting import stats
+from structinit.pipeline.cells import STUDIES, Run, impulse_init, main_variant, parse_pseudo_variant, study_runs
+from structinit.reporting.presentation import init_label
 from structinit.config import FILTER_MODES
-from structinit.datasets import get_spec
-from structinit.steps import steps_per_epoch
+from structinit.data.specs import get_spec
+from structinit.training.steps import steps_per_epoch
 
 
 SOFTNESS_CAVEAT = (
@@ -123,7 +126,7 @@ def heads_width(params, main, studies):
 
 
 def data_size(params, main, studies, out, figures):
-    from structinit.figures.data_size import write_data_size_figures  # matplotlib: this study only
+    from structinit.reporting.figures.data_size import write_data_size_figures  # matplotlib: this study only
 
     s = params["studies"]["data_size"]
     runs = _data_size_runs(params, main, studies)
@@ -143,7 +146,7 @@ def data_size(params, main, studies, out, figures):
             "trained less. Steps per epoch = images // batch (drop-last; the batch is kept); epochs = "
             "round(main grid's steps / steps per epoch); the warm-up lasts the main grid's warm-up "
             "steps, and the test set is evaluated about as often in steps, and at the last epoch "
-            "(`structinit/steps.py`).\n\n"
+            "(`structinit/training/steps.py`).\n\n"
             + _what_ran(params, "data_size", f"Steps held: {held}", runs) + "\n\n"
             + report.schedule_table(runs) + "\n\n"
             + report.study_table(runs, "init", "size", rows=list(s["inits"]), cols=sizes,

@@ -1,5 +1,5 @@
 """Train one cell, every seed at once: a ViT with one initializer, or a ConvMixer with one
-filter mode, for each seed in --seeds-from, stacked into one model (structinit/stacked.py).
+filter mode, for each seed in --seeds-from, stacked into one model (structinit/training/stacked.py).
 
 Used by every training stage: train_baseline, train_impulse (main grid) and the studies
 (study_convmixer, study_pseudo_input, study_heads_width, study_data_size). The dataset's recipe comes from
@@ -21,16 +21,16 @@ from dvclive import Live
 
 from stages.common import load_params, log_timings, recipe, run_stage, seeds_at, write_record
 from structinit import ImageData, TrainConfig, stratified_subset
-from structinit.build import impulse_options, initialized_vit, load_impulse_solution
-from structinit.cells import IMPULSE, parse_init, parse_pseudo_variant, run_name, seed_dir, solve_cell
-from structinit.datasets import STREAMED, get_spec
-from structinit.distributed import DistributedContext, relaunch_under_torchrun, requested_micro_batch
-from structinit.imagenet import manifest_labels
+from structinit.pipeline.build import impulse_options, initialized_vit, load_impulse_solution
+from structinit.pipeline.cells import IMPULSE, parse_init, parse_pseudo_variant, run_name, seed_dir, solve_cell
+from structinit.data.specs import STREAMED, get_spec
+from structinit.training.distributed import DistributedContext, relaunch_under_torchrun, requested_micro_batch
+from structinit.data.imagenet import manifest_labels
 from structinit.io import load_checked, save_torch, without_timings
 from structinit.models import create_convmixer
-from structinit.steps import match_steps, steps_per_epoch, total_steps
+from structinit.training.steps import match_steps, steps_per_epoch, total_steps
 from structinit.numerics import numerics_record
-from structinit.train import compute_dtype, train_models
+from structinit.training.trainer import compute_dtype, train_models
 
 
 def parse_args():
@@ -56,7 +56,7 @@ def parse_args():
                            "(data.train_size: all by default), stratified with data.subset_seed")
     size.add_argument("--match-steps", action="store_true",
                       help="with --train-fraction: as many optimizer steps as the main grid's run "
-                           "(epochs, warm-up and eval_every scaled: structinit/steps.py)")
+                           "(epochs, warm-up and eval_every scaled: structinit/training/steps.py)")
     a = ap.parse_args()
     a.method = a.kernel = None
     if a.init:              # a.init stays the cell's name ("impulse3"); initialize() takes method, kernel
@@ -126,8 +126,8 @@ def cell_fingerprint(init_record: dict, subset) -> dict:
 
 def train_streamed_seeds(a, models, params, *, manifest, cfgs, subset, ckpt_dir, fingerprints, log):
     """Each seed in turn (one model fills the devices), on every process of this torchrun."""
-    from structinit.imagenet import check_root_matches, imagenet_datasets
-    from structinit.stream_train import train_streamed
+    from structinit.data.imagenet import check_root_matches, imagenet_datasets
+    from structinit.training.streamed import train_streamed
 
     ctx = DistributedContext.from_env()
     ctx.start()

@@ -1,58 +1,67 @@
 """structinit: structured initialization of attention for Vision Transformers.
 
-Where things are:
-    structinit/init/impulse.py   the structured (impulse) init: targets, pseudo-inputs, Q/K
-    structinit/init/solvers.py   the paper's Adam solver and the fast closed-form solver
-    structinit/init/             initialize(model, method): every initializer by name
-    structinit/models/           create_vit (timm ViT), ConvMixer filter modes
-    structinit/attention.py      attention maps and mass on each head's offset
-    structinit/analysis.py       a model's attention and representations (reports/attention.md)
-    structinit/cka.py            linear CKA between layers of models
-    structinit/cells.py          which cells params.yaml asks for, and their names
-    structinit/build.py          a cell's model and init options from params.yaml
-    structinit/datasets.py       dataset registry (digits, cifar10, cifar100, svhn, imagenet)
-    structinit/data.py           a dataset as one uint8 tensor on the device (download, load)
-    structinit/train.py          the trainer: several models of one cell at once (train_models)
-    structinit/stacked.py        N models of one architecture run as one (torch.func.vmap)
-    structinit/cpu_chunks.py     CPU: a batch as one single-threaded chunk per core
-    structinit/steps.py          held optimizer steps for the data-size study
-    structinit/curves.py         per-epoch curves of a grid's runs
-    structinit/report.py         the comparison tables
-    structinit/figures/          every figure in reports/ (matplotlib)
+Where things are (one concern per folder):
+    init/         THE STRUCTURED INIT and every other initializer, by name (initialize)
+                    registry.py  each initializer's function and options: the one place to add one
+                    impulse.py   impulse targets, pseudo-inputs, the Q/K solve
+                    solvers.py   the paper's Adam solver and the fast closed-form solver
+    models/       create_vit (timm's VisionTransformer), ConvMixer filter modes
+    data/         dataset specs, a dataset as one tensor on the device, batched augmentation,
+                  ImageNet streaming
+    training/     the recipe (TrainConfig), what both trainers share, the on-device stacked
+                  trainer, the streamed trainer, DDP
+    analysis/     attention maps, mean distance, CKA of a model
+    reporting/    statistics, tables, figures, how each initializer is shown, the paper's numbers
+    pipeline/     what the DVC stages share: params schema, cell names, a cell's model, verify
+    config.py     the structured init's option names (torch-free, read by the params schema)
+    io.py         atomic writes, checksummed files
+    numerics.py   what a CPU computes with (bf16, threads): facts only, nothing is changed
+    errors.py     StructinitError, the base of every error with a message meant for users
 
-The names below are imported on first use (PEP 562), not at `import structinit`: timm and
-torchvision take ~4 s to import, and the stages that never build a model (download,
-aggregate, the study reports) should not pay for them on every `dvc repro`. The one list of
-them is the TYPE_CHECKING block at the end (what type checkers and IDEs read); the lazy
-loader reads the same block into LAZY_EXPORTS (public name -> the module that defines it),
-which tests/test_dvc_deps.py also reads: a lazy export is an import DVC must see.
-Submodules load the same way on attribute access (`structinit.train`).
+Outside the library: stages/ (one thin CLI per DVC stage), scale/ (fan-out over Ray).
+
+The public names below are imported on first use (PEP 562), not at `import structinit`:
+timm and torchvision take seconds to import, and stages that never build a model should not
+pay for them. Importing structinit changes nothing in the process (no environment variable,
+no thread count).
 """
 from __future__ import annotations
 
-import ast
 import importlib
-import pkgutil
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-
-def _type_checking_imports() -> dict[str, str]:
-    """name -> "structinit.module" of every `from .module import name` under `if TYPE_CHECKING:` below."""
-    tree = ast.parse(Path(__file__).read_text())
-    block = next(node for node in tree.body if isinstance(node, ast.If)
-                 and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
-    return {alias.name: f"{__name__}.{node.module}" for node in block.body if isinstance(node, ast.ImportFrom)
-            for alias in node.names}
-
-
-LAZY_EXPORTS: dict[str, str] = _type_checking_imports()   # public name -> module defining it
-_SUBMODULES = tuple(m.name for m in pkgutil.iter_modules(__path__))
+# public name -> the module that defines it (tests/test_dvc_deps.py reads this too: a lazy
+# export is an import DVC must see)
+LAZY_EXPORTS: dict[str, str] = {
+    "AttentionMaps": "structinit.analysis.attention",
+    "attention_maps": "structinit.analysis.attention",
+    "ImageData": "structinit.data.tensors",
+    "prepare_dataset": "structinit.data.tensors",
+    "stratified_subset": "structinit.data.tensors",
+    "DATASETS": "structinit.data.specs",
+    "get_spec": "structinit.data.specs",
+    "METHODS": "structinit.init",
+    "ImpulseSolution": "structinit.init",
+    "InitRecord": "structinit.init",
+    "initialize": "structinit.init",
+    "register_initializer": "structinit.init",
+    "solve_impulse_qk": "structinit.init",
+    "FILTER_MODES": "structinit.models",
+    "VIT_T2_CIFAR": "structinit.models",
+    "create_convmixer": "structinit.models",
+    "create_vit": "structinit.models",
+    "TrainConfig": "structinit.training.config",
+    "default_device": "structinit.training.trainer",
+    "train_model": "structinit.training.trainer",
+    "train_models": "structinit.training.trainer",
+}
+_SUBPACKAGES = ("analysis", "config", "data", "errors", "init", "io", "models", "numerics", "pipeline",
+                "reporting", "training")
 __all__ = list(LAZY_EXPORTS)
 
 
 def __getattr__(name: str):
-    if name in _SUBMODULES:                     # `structinit.train` without importing it first
+    if name in _SUBPACKAGES:                    # `structinit.training` without importing it first
         return importlib.import_module(f".{name}", __name__)
     if name not in LAZY_EXPORTS:
         raise AttributeError(f"module 'structinit' has no attribute {name!r}")
@@ -62,13 +71,15 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))
+    return sorted(set(globals()) | set(__all__) | set(_SUBPACKAGES))
 
 
-if TYPE_CHECKING:                               # the public names (read by _type_checking_imports)
-    from .attention import AttentionMaps, attention_maps
-    from .data import ImageData, prepare_dataset, stratified_subset
-    from .datasets import DATASETS, get_spec
-    from .init import METHODS, ImpulseSolution, InitRecord, initialize, solve_impulse_qk
-    from .models import FILTER_MODES, VIT_T2_CIFAR, create_convmixer, create_vit
-    from .train import TrainConfig, default_device, train_model, train_models
+if TYPE_CHECKING:                               # what type checkers and IDEs read
+    from structinit.analysis.attention import AttentionMaps, attention_maps
+    from structinit.data.specs import DATASETS, get_spec
+    from structinit.data.tensors import ImageData, prepare_dataset, stratified_subset
+    from structinit.init import (METHODS, ImpulseSolution, InitRecord, initialize, register_initializer,
+                                 solve_impulse_qk)
+    from structinit.models import FILTER_MODES, VIT_T2_CIFAR, create_convmixer, create_vit
+    from structinit.training.config import TrainConfig
+    from structinit.training.trainer import default_device, train_model, train_models

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from .errors import StructinitError
+from structinit.errors import StructinitError
 
 
 def write_atomic(path: str | Path, write: Callable[[Path], None]) -> None:

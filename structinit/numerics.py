@@ -18,12 +18,8 @@ count as they were. `numerics_record()` is what the reports print under "What ra
 """
 from __future__ import annotations
 
-import os
 import platform
 from pathlib import Path
-
-REMOVED_VAR = "STRUCTINIT_CPU_NUMERICS"     # the old pin's opt-out; the pin is gone
-
 
 def cpu_has_native_bf16() -> bool:
     """True when oneDNN runs bf16 matrix products natively (AVX512-BF16 or AMX); elsewhere
@@ -53,12 +49,3 @@ def numerics_record() -> dict:
     return {"cpu": cpu_model(), "aten_capability": torch.backends.cpu.get_cpu_capability(),
             "native_bf16": cpu_has_native_bf16(), "threads": torch.get_num_threads(),
             "torch": torch.__version__.split("+")[0]}
-
-
-def refuse_removed_setting(environ=os.environ) -> None:
-    """The old opt-out variable, still set in someone's shell, would now do nothing: say so."""
-    if environ.get(REMOVED_VAR):
-        raise SystemExit(
-            f"{REMOVED_VAR}={environ[REMOVED_VAR]!r} is no longer read: the CPU pin it switched off is "
-            "gone (it did not give the same bytes on Intel and AMD CPUs and cost speed); every run now "
-            f"uses the CPU's own kernels. Unset {REMOVED_VAR}; README 'What is reproducible' says what holds.")

@@ -9,11 +9,11 @@ import sys
 
 import torch
 
-from structinit.config import TrainConfig
-from structinit.distributed import DistributedContext
-from structinit.imagenet import imagenet_datasets, scan_imagenet
+from structinit.training.config import TrainConfig
+from structinit.training.distributed import DistributedContext
+from structinit.data.imagenet import imagenet_datasets, scan_imagenet
 from structinit.models import create_vit
-from structinit.stream_train import train_streamed
+from structinit.training.streamed import train_streamed
 
 ap = argparse.ArgumentParser()
 ap.add_argument("root")
@@ -41,8 +41,8 @@ def note_report(i, metrics):
 ctx = DistributedContext.from_env()
 ctx.start()
 if a.root == "digits":
-    from structinit.data import prepare_dataset
-    from structinit.train import train_models
+    from structinit.data.tensors import prepare_dataset
+    from structinit.training.trainer import train_models
 
     # fp32 (amp off): one and two processes are compared to float noise
     cfgs = [TrainConfig(epochs=a.epochs, batch_size=64, lr=1e-3, warmup_epochs=1, randaugment="rand-m9-mstd0.5-inc1",

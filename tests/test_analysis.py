@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import structinit as si
-from structinit.attention import AttentionMaps, attention_maps
-from structinit.cka import cka_matrix, layer_representations, linear_cka
+from structinit.analysis.attention import AttentionMaps, attention_maps
+from structinit.analysis.cka import cka_matrix, layer_representations, linear_cka
 from tests.conftest import small_vit
 
 GRID = (4, 5)
@@ -99,7 +99,7 @@ def test_analyze_model_peaks_on_each_head_s_offset_and_batches_do_not_change_it(
     """The offset profile of a sharp structured init peaks at each head's impulse offset on the
     pseudo-input; averaging over images in batches equals one pass; distances and
     representations have the documented shapes."""
-    from structinit.analysis import ModelAnalysis, analyze_model, test_batch
+    from structinit.analysis.model import ModelAnalysis, analyze_model, test_batch
 
     model = small_vit()
     offsets = si.initialize(model, "impulse", seed=0, kernel=3, target_mass=0.9).offsets
@@ -126,9 +126,9 @@ def test_analyze_model_peaks_on_each_head_s_offset_and_batches_do_not_change_it(
 def test_uniform_distance_matches_a_uniform_map_and_figures_are_byte_stable(digits, tmp_path):
     """The reference line of the distance plot is uniform attention's mean distance; a figure
     drawn twice from the same analysis is the same file (DVC sees no change on a re-run)."""
-    from structinit.analysis import analyze_model, test_batch
-    from structinit.figures import attention as fig
-    from structinit.figures.style import save_figure
+    from structinit.analysis.model import analyze_model, test_batch
+    from structinit.reporting.figures import attention as fig
+    from structinit.reporting.figures.style import save_figure
 
     n = GRID[0] * GRID[1]
     assert fig.uniform_distance(GRID) == pytest.approx(_maps([[1 / n] * n] * n).mean_distance().item(), rel=1e-6)
@@ -145,7 +145,7 @@ def test_uniform_distance_matches_a_uniform_map_and_figures_are_byte_stable(digi
 
 
 def _fake_analysis(reps: torch.Tensor, distance: float, mass=None) -> "object":
-    from structinit.analysis import ModelAnalysis
+    from structinit.analysis.model import ModelAnalysis
 
     L, H = reps.shape[0], 2
     prof = torch.zeros(L, H, 3, 3)
@@ -159,7 +159,7 @@ def test_attention_summary_cka_pairs_distances_and_the_untrained_caveat():
     """CKA between initializers is per pair of *layers* (L x L), same seed, mean over seeds; a
     model whose blocks kept their representation through training is flagged; distances are
     per seed and block, mean over heads."""
-    from structinit import attention_summary as summary
+    from structinit.reporting import attention_tables as summary
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 50, 6, generator=g)                       # (L, B, C)

@@ -3,7 +3,7 @@ import pytest
 import torch
 from PIL import Image, ImageEnhance, ImageOps
 
-from structinit.augment import OPS, RandAugmentPolicy, autocontrast, equalize, rand_augment, random_hflip
+from structinit.data.augment import OPS, RandAugmentPolicy, autocontrast, equalize, rand_augment, random_hflip
 
 
 def _batch(n=16, c=3, s=12, seed=0):

@@ -1,4 +1,4 @@
-"""structinit/cells.py: the cells params.yaml asks for, and their names (dvc.yaml's side of the
+"""structinit/pipeline/cells.py: the cells params.yaml asks for, and their names (dvc.yaml's side of the
 names is checked in test_dvc_deps.py)."""
 import copy
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from structinit import cells
+from structinit.pipeline import cells
 
 PARAMS = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
 
@@ -76,6 +76,6 @@ def test_main_stage_addresses_are_stages_dvc_resolves():
 
 def test_studies_are_the_schemas_study_sections():
     """cells.STUDIES is what the schema, the study_report stage and study_runs iterate over."""
-    from structinit.params import Studies
+    from structinit.pipeline.params import Studies
 
     assert tuple(Studies.model_fields) == cells.STUDIES

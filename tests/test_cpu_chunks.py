@@ -6,9 +6,9 @@ from timm.layers import DropPath
 
 import structinit as si
 from conftest import small_vit
-from structinit.cpu_chunks import ChunkedBackward, plan_cpu_chunks
-from structinit.stacked import StackedModels
-from structinit.train import BatchAugmentation, loss_and_grads
+from structinit.training.cpu_chunks import ChunkedBackward, plan_cpu_chunks
+from structinit.training.stacked import StackedModels
+from structinit.training.trainer import BatchAugmentation, loss_and_grads
 
 CPU = torch.device("cpu")
 

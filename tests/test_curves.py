@@ -1,4 +1,4 @@
-"""Training curves (structinit/curves.py, structinit/figures/curves.py, stages/curves.py) from
+"""Training curves (structinit/reporting/curves.py, structinit/reporting/figures/curves.py, stages/curves.py) from
 fake dvclive folders: the long table's rows and statistics, a missing run named, and PNG
 and CSV bytes that depend only on the data."""
 import subprocess
@@ -8,9 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from structinit import cells, curves
+from structinit.pipeline import cells
+from structinit.reporting import curves
 from structinit.errors import StructinitError
-from structinit.figures.curves import write_curves_figures
+from structinit.reporting.figures.curves import write_curves_figures
 
 REPO = Path(__file__).resolve().parents[1]
 EPOCHS, EVAL_EVERY = 4, 2                    # test rows at epochs 2 and 4 (steps 1 and 3)

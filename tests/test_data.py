@@ -8,7 +8,7 @@ import torch
 import torchvision.datasets as tvd
 
 import structinit as si
-from structinit.data import ImageData, stratified_subset
+from structinit.data.tensors import ImageData, stratified_subset
 
 
 def test_digits_split_is_fixed_stratified_and_real(digits):

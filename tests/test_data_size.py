@@ -13,16 +13,17 @@ import yaml
 from stages.common import load_params
 from stages.study_report import data_size
 from stages.train import data_size_cell
-from structinit import stats, stratified_subset
-from structinit.datasets import TRAIN_IMAGES
-from structinit.steps import match_steps, steps_per_epoch, subset_size, total_steps
+from structinit import stratified_subset
+from structinit.reporting import stats
+from structinit.data.specs import TRAIN_IMAGES
+from structinit.training.steps import match_steps, steps_per_epoch, subset_size, total_steps
 
 REPO = Path(__file__).resolve().parents[1]
 DIGITS = load_params(REPO / "params.yaml")["recipes"]["digits"]["train"]
 
 
 def _trainer_warmup_steps(train, n):
-    """structinit/train.py's count of warm-up steps."""
+    """structinit/training/trainer.py's count of warm-up steps."""
     return round(train["warmup_epochs"] * steps_per_epoch(n, train["batch_size"]))
 
 

@@ -1,7 +1,7 @@
 """dvc.yaml against the code: every stage's deps cover every project module its script imports
 (a module edit that DVC would not notice leaves stale results) and no other code (an edit there
 would re-run the stage for nothing: a training cell for hours), and the matrix stages' output
-folders are the cell names structinit/cells.py gives (the one home of cell names)."""
+folders are the cell names structinit/pipeline/cells.py gives (the one home of cell names)."""
 import ast
 import re
 from pathlib import Path
@@ -11,7 +11,7 @@ import yaml
 from dvc.dependency.param import ParamsDependency
 
 import structinit
-from structinit import cells
+from structinit.pipeline import cells
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("stages", "structinit", "benchmarks")
@@ -32,7 +32,7 @@ def imported_modules(path: Path, name: str) -> set[str]:
     """Every module an `import` anywhere in the file names (function-level imports included:
     they run when the stage runs; `if TYPE_CHECKING:` blocks excluded: they never run),
     resolved to project module names, and every module that structinit's lazy loader imports
-    for an attribute of the structinit package (`si.get_spec`, `structinit.report.x`)."""
+    for an attribute of the structinit package (`si.get_spec`, `structinit.reporting.tables.x`)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
@@ -121,11 +121,11 @@ def test_every_stage_depends_on_exactly_the_code_its_script_imports(stages):
 
 
 def test_the_closure_sees_lazy_exports_and_function_level_imports():
-    # stages.train imports `ImageData` from structinit (lazily from structinit.data) and
-    # structinit.stream_train inside a function: both must be in its closure, or the test
+    # stages.train imports `ImageData` from structinit (lazily from structinit.data.tensors) and
+    # structinit.training.streamed inside a function: both must be in its closure, or the test
     # above could pass on an incomplete deps list
     closure = import_closure("stages.train")
-    assert {"structinit/data.py", "structinit/stream_train.py", "structinit/__init__.py",
+    assert {"structinit/data/tensors.py", "structinit/training/streamed.py", "structinit/__init__.py",
             "stages/__init__.py", "structinit/init/impulse.py"} <= closure
 
 
@@ -135,7 +135,7 @@ def test_deps_problems_reports_a_removed_module_and_an_extra_one(stages):
     needed = import_closure("stages.check_params")
     assert deps_problems(deps, needed) == ([], [])
     assert deps_problems([d for d in deps if d != "structinit/io.py"], needed) == (["structinit/io.py"], [])
-    assert deps_problems(deps + ["structinit/report.py", "results/train"], needed) == ([], ["structinit/report.py"])
+    assert deps_problems(deps + ["structinit/reporting/tables.py", "results/train"], needed) == ([], ["structinit/reporting/tables.py"])
     assert deps_problems(deps + ["structinit/init"], needed) == ([], ["structinit/init"])   # a folder dep
 
 
@@ -143,10 +143,10 @@ def test_the_closure_sees_structinit_attribute_access(tmp_path):
     # structinit.__getattr__ imports a submodule or a lazy export's module on attribute access:
     # no `import` statement names it, so the closure must read the attribute chains
     script = tmp_path / "script.py"
-    script.write_text("import structinit as si\nimport structinit.params\n"
+    script.write_text("import structinit as si\nimport structinit.pipeline.params\n"
                       "si.report.main_table\nsi.get_spec('digits')\nstructinit.cka\nsi.no_such_name\n")
     assert imported_modules(script, "stages.script") == {
-        "structinit", "structinit.params", "structinit.report", "structinit.datasets", "structinit.cka"}
+        "structinit", "structinit.pipeline.params", "structinit.reporting.tables", "structinit.data.specs", "structinit.analysis.cka"}
 
 
 def test_only_structinit_loads_lazily():

@@ -1,4 +1,4 @@
-"""Many cells at once (structinit/fanout.py): on a running Ray cluster of two 1-CPU worker nodes,
+"""Many cells at once (scale/fanout.py): on a running Ray cluster of two 1-CPU worker nodes,
 the stale training cells of a tiny grid run concurrently, `dvc commit` records them, the next
 `dvc repro` trains nothing, and what it reports equals a serial `dvc repro`'s, byte for byte.
 
@@ -26,7 +26,7 @@ CELL_DIRS = ["digits-trunc_normal", "digits-impulse3", "digits-impulse5"]     # 
 BROKEN_CELL = "study_pseudo_input@digits-UP"                 # the fanned copy's one failing cell
 BROKEN_LOG = "logs/fanout/study_pseudo_input_digits-UP.log"
 BROKEN_PREFIX = """python -c 'raise SystemExit("a deliberately broken cell")' && """    # exits 1 at once
-FANOUT = ("python", "-m", "structinit.fanout")
+FANOUT = ("python", "-m", "scale.fanout")
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +196,7 @@ def test_bad_values_are_refused_before_any_work(tmp_path, args, message):
 def test_a_cell_runs_its_commands_in_order_as_dvc_would(tmp_path):
     """run_cell by itself (what each Ray task calls): the stage's commands in order up to the
     first failure, with what `dvc repro` tells a stage, into the cell's log."""
-    from structinit.fanout import Cell, run_cell
+    from scale.fanout import Cell, run_cell
 
     commands = ("echo first $DVC_STAGE in $(pwd) with $STRUCTINIT_NPROC", "exit 3", "echo never")
     cell = Cell("train_x@a-1", commands, str(tmp_path), "logs/fanout/train_x_a-1.log", ())
@@ -233,7 +233,7 @@ class StubRay:
     (["--nproc-per-cell", "2", "--gpus-per-cell", "0"], 0),    # DDP processes on CPU
 ])
 def test_gpus_each_cell_reserves(args, gpus):
-    from structinit.fanout import connect, parse_args
+    from scale.fanout import connect, parse_args
 
     eight_gpu_node = {"CPU": 32, "GPU": 8}
     assert connect(StubRay(eight_gpu_node, eight_gpu_node), parse_args(args)) == gpus
@@ -241,7 +241,7 @@ def test_gpus_each_cell_reserves(args, gpus):
 
 
 def test_a_cell_no_node_can_hold_is_refused():
-    from structinit.fanout import FanoutError, connect, parse_args
+    from scale.fanout import FanoutError, connect, parse_args
 
     with pytest.raises(FanoutError, match="reserves 1 CPU and 8 GPU, but no Ray node has that much "
                                           r"\(nodes: 16 CPU/4 GPU, 16 CPU/4 GPU\)"):
@@ -249,7 +249,7 @@ def test_a_cell_no_node_can_hold_is_refused():
 
 
 def test_a_cell_without_a_gpu_sees_none_and_one_with_keeps_rays(tmp_path, monkeypatch):
-    from structinit.fanout import Cell, run_cell
+    from scale.fanout import Cell, run_cell
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")          # as Ray sets it for a task given GPU 3
     cell = Cell("train_x@a-1", ("echo gpus=[$CUDA_VISIBLE_DEVICES]",), str(tmp_path), "logs/x.log", ())

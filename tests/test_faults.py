@@ -13,7 +13,7 @@ import torch
 
 import structinit as si
 from structinit.io import CorruptFileError, load_checked, save_checked, without_timings
-from structinit.train import NonFiniteLossError
+from structinit.training.trainer import NonFiniteLossError
 from tests.conftest import small_vit
 from tests.test_pipeline import REPO, set_params, sh, tiny_repo_copy
 
@@ -199,8 +199,8 @@ KILLED_MID_WRITE = """
 import hashlib, os, sys
 import torch
 import structinit as si
-import structinit.train as train_module
-from structinit.data import prepare_dataset
+import structinit.training.trainer as train_module
+from structinit.data.tensors import prepare_dataset
 from structinit.models import create_vit
 
 ckpt, die_at = sys.argv[1], int(sys.argv[2])

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from ilsvrc_files import write_ilsvrc
-from structinit.config import TrainConfig
+from structinit.training.config import TrainConfig
 from structinit.models import create_vit
-from structinit.distributed import DistributedContext, relaunch_under_torchrun, requested_processes
-from structinit.imagenet import (ImageNetLayoutError, check_root_matches, imagenet_datasets, scan_imagenet,
+from structinit.training.distributed import DistributedContext, relaunch_under_torchrun, requested_processes
+from structinit.data.imagenet import (ImageNetLayoutError, check_root_matches, imagenet_datasets, scan_imagenet,
                                  train_loader)
 
 HERE = Path(__file__).resolve().parent
@@ -177,7 +177,7 @@ def test_process_count_comes_from_the_environment():
 def test_imagenet_in_the_grid_without_a_folder_is_refused_before_any_stage_runs():
     import yaml
 
-    from structinit.params import ParamsError, validate_params
+    from structinit.pipeline.params import ParamsError, validate_params
 
     params = yaml.safe_load((HERE.parent / "params.yaml").read_text())
     params["grid"]["datasets"] = ["imagenet"]
@@ -192,7 +192,7 @@ def test_imagenet_in_the_grid_without_a_folder_is_refused_before_any_stage_runs(
 
 
 def test_the_on_device_trainer_refuses_what_only_the_streamed_one_does(digits):
-    from structinit.train import train_models
+    from structinit.training.trainer import train_models
 
     model = create_vit(img_size=8, patch_size=1, embed_dim=24, depth=1, num_heads=2, num_classes=10, in_chans=1)
     with pytest.raises(ValueError, match=r"\{'mixup': 0.8\}: the on-device trainer does not implement"):
@@ -239,7 +239,7 @@ def test_stacked_on_device_cell_on_two_gloo_processes_equals_one(tmp_path):
 
 
 def test_analysis_images_span_every_class_through_the_eval_transform(ilsvrc):
-    from structinit.imagenet import evaluation_images
+    from structinit.data.imagenet import evaluation_images
 
     m = scan_imagenet(ilsvrc, num_classes=4)
     x = evaluation_images(ilsvrc, m, 4)                      # 8 val images, 2 per class: one of each
@@ -253,7 +253,7 @@ def test_analysis_images_span_every_class_through_the_eval_transform(ilsvrc):
 def test_micro_batches_take_the_same_step_in_less_memory(ilsvrc):
     """A process's share of the batch in pieces of 3 images, gradients accumulated: the same
     training as all 8 at once, to float noise."""
-    from structinit.stream_train import train_streamed
+    from structinit.training.streamed import train_streamed
 
     m = scan_imagenet(ilsvrc, num_classes=4)
     cfg = TrainConfig(epochs=1, batch_size=8, lr=1e-3, warmup_epochs=0, randaugment=None, eval_every=1, seed=1,
@@ -275,8 +275,8 @@ def test_micro_batches_take_the_same_step_in_less_memory(ilsvrc):
 
 def test_batchnorm_models_are_refused_on_several_processes(digits):
     from structinit.models import create_convmixer
-    from structinit.stream_train import train_streamed
-    from structinit.train import train_models
+    from structinit.training.streamed import train_streamed
+    from structinit.training.trainer import train_models
 
     model = create_convmixer(dim=16, depth=1, kernel_size=3, patch_size=1, num_classes=10, in_chans=1)
     with pytest.raises(ValueError, match="ConvMixer has BatchNorm: on 2 processes each would normalize"):

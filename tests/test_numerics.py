@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import structinit as si
-import structinit.train as train_module
-from structinit.numerics import REMOVED_VAR, numerics_record, refuse_removed_setting
+import structinit.training.trainer as train_module
+from stages.common import REMOVED_NUMERICS_VAR as REMOVED_VAR, refuse_removed_setting
+from structinit.numerics import numerics_record
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,7 +21,7 @@ CELL = """
 import hashlib, json, sys
 import torch, yaml
 import structinit as si
-from structinit.build import build_model
+from structinit.pipeline.build import build_model
 rec = yaml.safe_load(open("params.yaml"))["recipes"]["digits"]
 data = si.prepare_dataset("digits")
 cfg = si.TrainConfig(**{**rec["train"], "epochs": 1, "eval_every": 1}, seed=0)
@@ -35,7 +36,7 @@ for m in models:
     for name, t in m.state_dict().items():
         digest.update(name.encode() + t.contiguous().numpy().tobytes())
 digest.update(repr([h["train_loss"] for hist in hists for h in hist]).encode())
-from structinit.train import compute_dtype
+from structinit.training.trainer import compute_dtype
 print(json.dumps({"digest": digest.hexdigest(), "dtype": compute_dtype(cfg, torch.device("cpu"))}))
 """
 
@@ -63,8 +64,8 @@ import timm   # noqa: F401  timm's own import sets TORCHINDUCTOR_CACHE_DIR (torc
 torch.set_num_threads(1)
 before = dict(os.environ)
 import structinit as si
-from structinit.build import build_model
-from structinit.datasets import get_spec
+from structinit.pipeline.build import build_model
+from structinit.data.specs import get_spec
 for method, kw in (("trunc_normal", {}), ("mimetic", {}), ("impulse", {"kernel": 3})):
     m = build_model({"patch_size": 1, "embed_dim": 48, "depth": 1, "num_heads": 3}, get_spec("digits"))
     si.initialize(m, method, seed=0, **kw)

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from structinit.config import IMPULSE_SOLVE_OPTIONS, TrainConfig
+from structinit.config import IMPULSE_SOLVE_OPTIONS
+from structinit.training.config import TrainConfig
 from structinit.init.impulse import solve_impulse_qk
 from structinit.init.solvers import SOLVERS
-from structinit.params import Adam, ClosedForm, ParamsError, Solve, Train, load_params, validate_params
+from structinit.pipeline.params import Adam, ClosedForm, ParamsError, Solve, Train, load_params, validate_params
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT = yaml.safe_load((REPO / "params.yaml").read_text())

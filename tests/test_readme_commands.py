@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from structinit.params import validate_params
+from structinit.pipeline.params import validate_params
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from timm.layers import build_sincos2d_pos_embed
 
 from benchmarks import softness_law
-from structinit.datasets import get_spec
+from structinit.data.specs import get_spec
 from structinit.init import softness, solve_impulse_qk
 from structinit.init.solvers import solve_qk_adam, solve_qk_closed_form
 

@@ -1,13 +1,14 @@
-"""Stacked training (structinit/stacked.py, train_models): each model as if trained alone."""
+"""Stacked training (structinit/training/stacked.py, train_models): each model as if trained alone."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import structinit as si
+from structinit.models import convmixer
 from conftest import small_vit
-from structinit.stacked import StackedModels, clip_grad_norm_per_model
-from structinit.train import BatchAugmentation, lr_at, param_groups, train_models
+from structinit.training.stacked import StackedModels, clip_grad_norm_per_model
+from structinit.training.trainer import BatchAugmentation, lr_at, param_groups, train_models
 
 # fp32 (amp off): these tests compare stacked, chunked and plain steps to float noise, which
 # bf16 (amp=auto's choice on CPUs with native bf16) would drown; test_train.py runs bf16
@@ -143,9 +144,9 @@ def test_convmixer_seeds_stacked_train_as_alone(digits):
     alone = _convmixers([1])[0]
     hist = si.train_model(alone, digits, cfgs[1], device="cpu", train_indices=SUBSET, progress=False)
     assert _curves([hist])[0] == pytest.approx(_curves([stacked[1]])[0], rel=1e-4, abs=1e-4)
-    frozen = si.models.convmixer.spatial_filters(alone)[0].weight
+    frozen = convmixer.spatial_filters(alone)[0].weight
     assert not frozen.requires_grad
-    assert torch.equal(frozen, si.models.convmixer.spatial_filters(_convmixers([1])[0])[0].weight)
+    assert torch.equal(frozen, convmixer.spatial_filters(_convmixers([1])[0])[0].weight)
 
 
 class Interrupt(Exception):

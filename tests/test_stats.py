@@ -4,7 +4,7 @@ import math
 import pytest
 
 from benchmarks.replication import verdict
-from structinit import stats
+from structinit.reporting import stats
 
 
 def test_interval_is_the_t_interval():
@@ -77,13 +77,13 @@ def test_preopt_benchmark_interleaves_its_repeats(monkeypatch, capsys):
 
 
 def test_fragile_is_within_a_factor_of_two_of_alpha():
-    from structinit.stats import is_fragile
+    from structinit.reporting.stats import is_fragile
     assert [is_fragile(p) for p in (0.0249, 0.025, 0.045, 0.05, 0.1, 0.1001, float("nan"))] == \
         [False, True, True, True, True, False, False]
 
 
 def test_reports_record_the_verdicts_they_state_and_fragile_ones_are_not_bolded():
-    from structinit.stats import compare_all, conclusion_lines, conclusions_record, recording_conclusions
+    from structinit.reporting.stats import compare_all, conclusion_lines, conclusions_record, recording_conclusions
     groups = {"a": [90.0, 91.0, 92.0, 93.0, 94.0], "b": [10.0, 11.0, 12.0, 13.0, 14.0],
               "c": [90.5, 92.0, 93.5, 95.0, 96.5]}
     comparisons = compare_all(groups, family="digits")
@@ -95,7 +95,7 @@ def test_reports_record_the_verdicts_they_state_and_fragile_ones_are_not_bolded(
     assert all(not c["fragile"] for c in record["conclusions"])
     assert any("**a > b**" in line for line in lines)
     # a verdict at p = 0.04 (Holm) is fragile: stated, flagged, not bolded
-    from structinit.stats import Comparison
+    from structinit.reporting.stats import Comparison
     close = Comparison("digits", "x", "y", 60.0, 50.0, 5, 5, 0.04, 0.04, ">")
     with recording_conclusions() as entries:
         (line,) = conclusion_lines([close])

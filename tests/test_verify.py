@@ -1,4 +1,4 @@
-"""./run.sh verify (structinit/verify.py) on doctored outputs: identical bytes, a re-run on
+"""./run.sh verify (structinit/pipeline/verify.py) on doctored outputs: identical bytes, a re-run on
 another CPU within tolerance, and each way it must fail."""
 import json
 import subprocess
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from structinit.verify import TOLERANCE_TEST_IMAGES, main, verify
+from structinit.pipeline.verify import TOLERANCE_TEST_IMAGES, main, verify
 
 
 def _write(repo: Path, rel: str, obj) -> None:

@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
-from ..config import OFFSET_ORDERS, PSEUDO_INPUTS, check_kernel
-from ..models.vit import check_structured_vit, patch_grid_of, sincos_position_encoding
-from .solvers import SOLVERS, attention_from_qk, mean_target_mass
+from structinit.config import OFFSET_ORDERS, PSEUDO_INPUTS, check_kernel
+from structinit.models.vit import check_structured_vit, patch_grid_of, sincos_position_encoding
+from structinit.init.solvers import SOLVERS, attention_from_qk, mean_target_mass
 
 
 

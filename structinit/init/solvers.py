@@ -14,8 +14,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ..config import SOLVER_NAMES
-from .softness import official_target_mass
+from structinit.config import SOLVER_NAMES
+from structinit.init.softness import official_target_mass
 
 def attention_from_qk(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     """(H, N, N) softmax(x Q_h K_h x^T * scale)."""

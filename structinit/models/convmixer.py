@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from timm.models.convmixer import ConvMixer
 
-from ..config import FILTER_MODES
+from structinit.config import FILTER_MODES
 
 
 

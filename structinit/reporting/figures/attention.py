@@ -1,7 +1,7 @@
 """Attention figures: offset profiles per block and head, impulse kernels as k x k grids, and
 mean attention distance per block.
 
-Inputs are ModelAnalysis objects (structinit/analysis.py) of one seed per initializer, or, for
+Inputs are ModelAnalysis objects (structinit/analysis/model.py) of one seed per initializer, or, for
 the distance plot, every seed. An offset profile is drawn as an image centred on offset (0, 0)
 (the query's own patch, marked +); a structured-init head's impulse offset is outlined.
 """
@@ -11,8 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Rectangle
 
-from ..cells import init_label
-from .style import init_color
+from structinit.reporting.presentation import init_color, init_label
 
 STATES = {"at_init": "at init", "trained": "trained"}
 

@@ -1,6 +1,6 @@
 """Did a re-run reproduce the committed results? `./run.sh verify` after `./run.sh repro`.
 
-    python -m structinit.verify [--against HEAD] [--tolerance-images N]
+    python -m structinit.pipeline.verify [--against HEAD] [--tolerance-images N]
 
 Bytes are the same only on the CPU that made them (README "What is reproducible"), so this
 answers the question a reader has on another machine, in three steps:
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from .datasets import TEST_IMAGES
+from structinit.data.specs import TEST_IMAGES
 
 # A cell's mean accuracy over seeds may move this many test images (README "What is
 # reproducible"): settings that should not matter moved a digits cell's mean by at most 2.3

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .datasets import STREAMED, DatasetSpec, get_spec
-from .io import CorruptFileError, load_checked, save_checked
+from structinit.data.specs import STREAMED, DatasetSpec, get_spec
+from structinit.io import CorruptFileError, load_checked, save_checked
 
 
 @dataclass
@@ -75,7 +75,7 @@ def prepare_dataset(name: str, root: str | Path = "data/raw", download: bool = T
     spec = get_spec(name)
     if name in STREAMED:
         raise ValueError(f"{name} is read from a local directory and streamed, never held as tensors: "
-                         "see structinit/imagenet.py")
+                         "see structinit/data/imagenet.py")
     if name == "digits":
         return _digits(spec)
     import torchvision.datasets as tvd

@@ -7,7 +7,7 @@ The train curves have every epoch; the test curves only the evaluated ones (ever
 
 The long table has one row per (dataset, init, seed, epoch), accuracies in %, rounded to
 DIGITS so that the CSV written from it is the same bytes on every run. Pure: paths in, frames
-out; the figure is structinit/figures/curves.py, the DVC plot .dvc/plots/mean_band.json.
+out; the figure is structinit/reporting/figures/curves.py, the DVC plot .dvc/plots/mean_band.json.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from .cells import main_cell, run_name, seed_dir
-from .errors import StructinitError
-from .io import write_atomic
+from structinit.pipeline.cells import main_cell, run_name, seed_dir
+from structinit.errors import StructinitError
+from structinit.io import write_atomic
 
 METRICS = ("train_acc", "train_loss", "test_acc", "test_loss")
 COLUMNS = ("dataset", "init", "seed", "epoch", *METRICS)

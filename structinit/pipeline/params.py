@@ -3,10 +3,12 @@
     load_params("params.yaml") -> the file's dict, or ParamsError listing every problem, one line
                                   each: the key path, the bad value, what is allowed
 
-Every stage checks the whole file before it does any work (stages/__init__.py, before the
-stage imports torch), so a typo in a study's section fails the first stage in seconds instead
-of after the main table. Unknown keys are refused: a misspelt key would otherwise be ignored
-and its intended value silently never used. Torch-free on purpose (config.py, datasets.py).
+The pipeline's first stage, check_params, checks the whole file before any other stage runs
+(every stage depends on it), so a typo in a study's section fails in seconds instead of after
+the main table; the other stages read params.yaml as it is and never import this schema, so
+editing a rule here re-runs nothing but that check. Unknown keys are refused: a misspelt key
+would otherwise be ignored and its intended value silently never used. Initializer names come
+from init/registry.py (the one place they are defined).
 """
 from __future__ import annotations
 
@@ -20,13 +22,14 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator,
                       model_validator)
 
-from . import cells
-from .cells import BASELINES, impulse_init, impulse_kernel, parse_pseudo_variant
-from .config import (FILTER_MODES, OFFSET_ORDERS, PSEUDO_INPUTS, SOLVER_NAMES, TrainConfig,
-                     check_kernel, patch_grid_for)
-from .datasets import DATASETS, STREAMED, TRAIN_IMAGES
-from .errors import StructinitError
-from .steps import subset_size
+from structinit.pipeline import cells
+from structinit.pipeline.cells import impulse_init, impulse_kernel, parse_pseudo_variant
+from structinit.config import (FILTER_MODES, OFFSET_ORDERS, PSEUDO_INPUTS, SOLVER_NAMES, check_kernel,
+                               patch_grid_for)
+from structinit.training.config import TrainConfig
+from structinit.data.specs import DATASETS, STREAMED, TRAIN_IMAGES
+from structinit.errors import StructinitError
+from structinit.training.steps import subset_size
 
 
 class ParamsError(StructinitError, ValueError):
@@ -52,10 +55,20 @@ def _unique(values: list) -> list:
 
 class Grid(_Section):
     datasets: Annotated[list[Dataset], Field(min_length=1)]
-    baselines: list[Literal[BASELINES]]
+    baselines: list[str]
     kernels: Annotated[list[PosInt], Field(min_length=1)]
     seeds: Seeds
     _unique = field_validator("datasets", "baselines", "kernels", "seeds")(_unique)
+
+    @field_validator("baselines")
+    @classmethod
+    def _registered(cls, names: list) -> list:
+        kernel_free = _kernel_free_initializers()
+        unknown = [n for n in names if n not in kernel_free]
+        if unknown:
+            raise ValueError(f"{unknown}: not a registered kernel-independent initializer; "
+                             f"allowed: {kernel_free} (the structured init is grid.kernels)")
+        return names
 
 
 class ClosedForm(_Section):              # keyword options of init/solvers.solve_qk_closed_form
@@ -160,9 +173,20 @@ class PseudoInputStudy(_Section):
         return variants
 
 
+def _kernel_free_initializers() -> list[str]:
+    """The registered initializers a grid lists by name (init/registry.py; imports torch)."""
+    from structinit.init.registry import INITIALIZERS
+
+    return [name for name, init in INITIALIZERS.items() if not init.takes_kernel]
+
+
 def _initializers(inits: list) -> list:
+    kernel_free = _kernel_free_initializers()
     for name in inits:
-        cells.parse_init(name)                      # its ValueError names what is allowed
+        method, _ = cells.parse_init(name)          # its ValueError names what is allowed
+        if method != cells.IMPULSE and method not in kernel_free:
+            raise ValueError(f"{name!r} is not an initializer; allowed: {kernel_free} "
+                             f"or {cells.impulse_init(3)}, {cells.impulse_init(5)}, ... (the structured init)")
     return inits
 
 
@@ -244,6 +268,11 @@ def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
             if size < DATASETS[d].num_classes:
                 out.append(("data.train_size", size, f"a count must be at least {d}'s "
                             f"{DATASETS[d].num_classes} classes (one image per class); 1.0 = all"))
+                break
+            if size > TRAIN_IMAGES[d]:
+                out.append(("data.train_size", size, f"{d} has {TRAIN_IMAGES[d]} training images; allowed: "
+                            f"a count in {DATASETS[d].num_classes}..{TRAIN_IMAGES[d]}, a fraction in (0, 1], "
+                            "or null (all)"))
                 break
     for d, rec in p.recipes.items():
         out += _vit_problems(f"recipes.{d}.model", rec.model.model_dump(), d)

@@ -4,7 +4,7 @@ Why: on a CPU, PyTorch's intra-op threads fork and join inside every op, and a s
 ops (64 tokens, width 48) are short. Splitting each batch into one chunk per core, each
 forward/backward single-threaded on its own Python thread (torch ops release the GIL), keeps
 every core busy with no fork/join inside each op. It applies to the stacked models as they
-are (structinit/stacked.py): the chunks split the batch dimension of every model at once.
+are (structinit/training/stacked.py): the chunks split the batch dimension of every model at once.
 Whether it pays: `python -m benchmarks.stacked_throughput` (rows "cpu_chunks=1").
 
 Same optimizer step: each chunk's loss is weighted by its share of the batch, so the sum of
@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from .stacked import StackedModels, set_grads
+from structinit.training.stacked import StackedModels, set_grads
 
 MIN_CHUNK = 16          # below this, per-chunk Python overhead eats the gain
 

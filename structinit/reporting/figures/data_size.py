@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..datasets import DATASETS
-from ..report import size_label
-from ..stats import summarize
-from ..cells import init_label
-from .style import init_color, plt, write_per_dataset
+from structinit.data.specs import DATASETS
+from structinit.reporting.tables import size_label
+from structinit.reporting.stats import summarize
+
+from structinit.reporting.figures.style import plt, write_per_dataset
+from structinit.reporting.presentation import init_color, init_label
 
 # Each initializer's points are shifted by this factor per position (log x), so that error
 # bars at the same size do not hide one another; its seeds' dots sit just right of its bar.

@@ -2,7 +2,7 @@
 ±1 standard deviation over seeds (ddof=1, as the tables' "mean ± std"). One figure per
 dataset, 2×2: train / test accuracy above, train / test loss below.
 
-Input: the long table of structinit/curves.py (the one reports/curves.csv holds), so the PNG
+Input: the long table of structinit/reporting/curves.py (the one reports/curves.csv holds), so the PNG
 and `dvc plots show` draw the same numbers.
 """
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..curves import mean_band
-from ..cells import init_label
-from .style import init_color, plt, write_per_dataset
+from structinit.reporting.curves import mean_band
+from structinit.reporting.figures.style import plt, write_per_dataset
+from structinit.reporting.presentation import init_color, init_label
 
 # (metric, panel title, y label), row by row: accuracies above, losses below
 PANELS = (("train_acc", "train accuracy", "accuracy (%)"), ("test_acc", "test accuracy", "accuracy (%)"),

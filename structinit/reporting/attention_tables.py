@@ -10,8 +10,8 @@ import itertools
 import numpy as np
 from tabulate import tabulate
 
-from .cka import cka_matrix
-from .cells import init_label
+from structinit.analysis.cka import cka_matrix
+from structinit.reporting.presentation import init_label
 
 STATES = ("at_init", "trained")
 SOURCES = ("images", "pseudo")

@@ -13,8 +13,9 @@ from dataclasses import asdict
 import pandas as pd
 from tabulate import tabulate
 
-from .cells import impulse_init, init_label
-from .stats import Comparison, compare_all, summarize
+from structinit.pipeline.cells import impulse_init
+from structinit.reporting.stats import Comparison, compare_all, summarize
+from structinit.reporting.presentation import init_label
 
 # The paper's main table (method page, section 7), top-1 %, single runs: ViT-T/2 for 200
 # epochs on the 32x32 sets, ViT-T/16 for 300 epochs on ImageNet-1K.
@@ -154,7 +155,7 @@ def recipe_departures(rec: dict, dataset: str | None = None) -> list[str]:
     on ImageNet-1K the official ImageNet command and ViT-T/16)."""
     import dataclasses
 
-    from structinit.config import TrainConfig
+    from structinit.training.config import TrainConfig
     from structinit.models.vit import VIT_T2_CIFAR
 
     paper = {f.name: f.default for f in dataclasses.fields(TrainConfig)}

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .attention import attention_maps
-from .cka import layer_representations
+from structinit.analysis.attention import attention_maps
+from structinit.analysis.cka import layer_representations
 
 
 @dataclass

@@ -28,15 +28,15 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .augment import rand_augment, random_hflip
-from .config import RandAugmentPolicy, TrainConfig  # noqa: F401  (TrainConfig: re-exported)
-from .cpu_chunks import ChunkedBackward, plan_cpu_chunks
-from .data import ImageData
-from .distributed import DistributedContext, refuse_batchnorm
-from .errors import StructinitError
-from .io import CorruptFileError, load_checked, save_checked
-from .numerics import cpu_has_native_bf16
-from .stacked import StackedModels, clip_grad_norm_per_model, set_grads
+from structinit.data.augment import rand_augment, random_hflip
+from structinit.training.config import RandAugmentPolicy, TrainConfig
+from structinit.training.cpu_chunks import ChunkedBackward, plan_cpu_chunks
+from structinit.data.tensors import ImageData
+from structinit.training.distributed import DistributedContext, refuse_batchnorm
+from structinit.errors import StructinitError
+from structinit.io import CorruptFileError, load_checked, save_checked
+from structinit.numerics import cpu_has_native_bf16
+from structinit.training.stacked import StackedModels, clip_grad_norm_per_model, set_grads
 
 
 

@@ -15,10 +15,10 @@ another, so this command:
 A failed cell is reported with its log; the others finish and are committed, and the command
 exits 1, so running it again retries only the failed cells.
 
-    python -m structinit.fanout --dry-run                # what would run, and the commands
-    python -m structinit.fanout                          # this machine (starts a local Ray)
-    python -m structinit.fanout --gpus-per-cell 0.25     # four small cells share each GPU
-    python -m structinit.fanout --address auto           # a cluster started with `ray start`
+    python -m scale.fanout --dry-run                # what would run, and the commands
+    python -m scale.fanout                          # this machine (starts a local Ray)
+    python -m scale.fanout --gpus-per-cell 0.25     # four small cells share each GPU
+    python -m scale.fanout --address auto           # a cluster started with `ray start`
 
 On a cluster every Ray node must see this repository at the same path (a shared filesystem)
 and have the project's environment installed: a cell runs with the Python of the Ray worker
@@ -110,7 +110,7 @@ def process_count(text: str) -> int:
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        prog="python -m structinit.fanout",
+        prog="python -m scale.fanout",
         description="Run every stale training cell at once on Ray, then record them in dvc.lock "
                     "(dvc commit -f), so that `dvc repro` only aggregates.")
     ap.add_argument("--dry-run", action="store_true",
@@ -482,6 +482,6 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     # through the importable module, not __main__: Ray workers then load run_cell by name
-    from structinit.fanout import main as _main
+    from scale.fanout import main as _main
 
     _main()

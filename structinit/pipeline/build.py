@@ -1,9 +1,9 @@
 """A cell's model and structured-init options from params.yaml's plain dicts (stages/, benchmarks/)."""
 from __future__ import annotations
 
-from .config import IMPULSE_SOLVE_OPTIONS
-from .datasets import DatasetSpec
-from .models.vit import create_vit
+from structinit.config import IMPULSE_SOLVE_OPTIONS
+from structinit.data.specs import DatasetSpec
+from structinit.models.vit import create_vit
 
 
 def build_model(model_cfg: dict, spec: DatasetSpec):
@@ -22,8 +22,8 @@ def impulse_options(solve: dict) -> dict:
 
 def load_impulse_solution(path, remake_hint: str):
     """A preoptimize artifact (checked file) -> ImpulseSolution; CorruptFileError if it is not one."""
-    from .init import ImpulseSolution
-    from .io import CorruptFileError, load_checked
+    from structinit.init import ImpulseSolution
+    from structinit.io import CorruptFileError, load_checked
 
     solution = load_checked(path, remake_hint)
     try:
@@ -36,7 +36,7 @@ def initialized_vit(model_cfg: dict, spec: DatasetSpec, init: str, seed: int, **
     """A ViT of the recipe's shape, initialized by `init` for `seed`, exactly as a training stage
     starts it: (model, InitRecord). The analysis stages call this to rebuild a cell's model at
     initialization (only the trained weights are kept as outputs)."""
-    from .init import initialize
+    from structinit.init import initialize
 
     model = build_model(model_cfg, spec)
     return model, initialize(model, init, seed=seed, **options)

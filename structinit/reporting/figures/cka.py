@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cells import init_label
-from .style import plt             # the Agg backend and the shared look, before any figure
+
+from structinit.reporting.figures.style import plt             # the Agg backend and the shared look, before any figure
+from structinit.reporting.presentation import init_label
 
 _KW = dict(cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
 

@@ -27,9 +27,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
-from .datasets import get_spec
-from .distributed import DistributedContext
-from .errors import StructinitError
+from structinit.data.specs import get_spec
+from structinit.training.distributed import DistributedContext
+from structinit.errors import StructinitError
 
 SPLITS = ("train", "val")
 WNID = re.compile(r"n\d{8}")                     # ImageNet class folders: WordNet ids

@@ -20,7 +20,7 @@ def subset_size(n: int, size: float | int | None) -> int:
 
 
 def steps_per_epoch(n: int, batch_size: int) -> int:
-    """Optimizer steps in one epoch over n images, as structinit/train.py runs it: the batch
+    """Optimizer steps in one epoch over n images, as structinit/training/trainer.py runs it: the batch
     is min(batch_size, n) and the ragged last batch is dropped (static shapes)."""
     if n < 1 or batch_size < 1:
         raise ValueError(f"n={n}, batch_size={batch_size}: both must be >= 1")

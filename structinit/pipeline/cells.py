@@ -10,9 +10,10 @@ their output folders (tests/test_dvc_deps.py checks that the two agree):
     heads_width    <dataset>-<shape>-<init>         digits-h6-impulse3
     data_size      <dataset>-<fraction>-<init>      digits-0.1-mimetic
 
-An initializer name is a baseline (trunc_normal, kaiming_uniform, mimetic) or impulse<k>,
-the structured init with a k x k kernel. Torch-free: the params schema and the report stages
-use it too.
+An initializer name is a kernel-independent one (trunc_normal, kaiming_uniform, mimetic, or any
+registered in init/registry.py) or impulse<k>, the structured init with a k x k kernel. Which
+names exist is the registry's business (the params schema checks them); this module only
+names cells, and stays torch-free for the report stages.
 """
 from __future__ import annotations
 
@@ -20,10 +21,9 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import METHODS, PSEUDO_INPUTS
+from structinit.config import PSEUDO_INPUTS
 
-IMPULSE = "impulse"
-BASELINES = tuple(m for m in METHODS if m != IMPULSE)   # kernel-independent initializers
+IMPULSE = "impulse"          # the structured init: cells named impulse<k>, one per kernel
 STUDIES = ("convmixer", "pseudo_input", "heads_width", "data_size")
 
 
@@ -41,21 +41,15 @@ def impulse_kernel(init: str) -> int | None:
 
 
 def parse_init(init: str) -> tuple[str, int | None]:
-    """A cell's initializer name -> (initialize() method, kernel or None); ValueError naming
-    what is allowed otherwise. "impulse3" -> ("impulse", 3), "mimetic" -> ("mimetic", None)."""
-    if init in BASELINES:
-        return init, None
+    """A cell's initializer name -> (initialize() method, kernel or None): "impulse3" ->
+    ("impulse", 3), "mimetic" -> ("mimetic", None). A bare "impulse" (no kernel) is a
+    ValueError; whether other names exist is initialize()'s (and the schema's) to say."""
     if (k := impulse_kernel(init)) is not None:
         return IMPULSE, k
-    raise ValueError(f"{init!r} is not an initializer; allowed: {list(BASELINES)} "
-                     f"or {IMPULSE}<k> (the structured init, k x k kernel, e.g. {impulse_init(3)})")
-
-
-def init_label(init: str) -> str:
-    """How the reports name an initializer: "Trunc Normal", "Imp.-3" (any other name as it is)."""
-    labels = {"kaiming_uniform": "Kaiming Uniform", "trunc_normal": "Trunc Normal", "mimetic": "Mimetic"}
-    kernel = impulse_kernel(init)
-    return labels.get(init) or (f"Imp.-{kernel}" if kernel is not None else init)
+    if init == IMPULSE or not init.isidentifier():
+        raise ValueError(f"{init!r} is not a cell's initializer: a registered initializer's name "
+                         f"or {IMPULSE}<k> (the structured init, k x k kernel, e.g. {impulse_init(3)})")
+    return init, None
 
 
 # ---- pseudo-input variants (the pseudo-input study's cells) ---------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import eval_forward_with_hooks
+from structinit.analysis.attention import eval_forward_with_hooks
 
 
 def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:

@@ -53,7 +53,7 @@ def relaunch_under_torchrun(module: str, argv: list[str], environ=os.environ) ->
     argv` under torchrun with that many processes on this machine and return its exit status;
     otherwise None (carry on in this process). --standalone picks a free rendezvous port, so
     two cells on one machine do not collide. One machine only: many machines run many cells
-    (structinit.fanout), not one cell."""
+    (scale.fanout), not one cell."""
     n = requested_processes(environ)
     if n == 1 or under_torchrun(environ):
         return None

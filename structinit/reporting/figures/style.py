@@ -1,4 +1,4 @@
-"""What every figure shares: the Agg backend, one colour per initializer, and PNG bytes that
+"""What every figure shares: the Agg backend, the look, and PNG bytes that
 depend only on what is drawn (no timestamp or version in the file), so a re-run writes the
 same file and DVC sees no change."""
 from __future__ import annotations
@@ -10,23 +10,13 @@ import matplotlib
 matplotlib.use("Agg")                        # headless: stages run without a display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..io import write_atomic  # noqa: E402
+from structinit.io import write_atomic  # noqa: E402
 
 DPI = 110
-# Fixed colours, so an initializer looks the same in every figure of every report.
-INIT_COLORS = {"kaiming_uniform": "#7f7f7f", "trunc_normal": "#1f77b4", "mimetic": "#2ca02c",
-               "impulse3": "#d62728", "impulse5": "#ff7f0e", "impulse7": "#9467bd"}
-_FALLBACK = ["#8c564b", "#e377c2", "#bcbd22", "#17becf"]
 
 plt.rcParams.update({"font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9,
                      "legend.fontsize": 8, "figure.dpi": DPI, "savefig.dpi": DPI,
                      "axes.spines.top": False, "axes.spines.right": False})
-
-
-def init_color(init: str) -> str:
-    if init in INIT_COLORS:
-        return INIT_COLORS[init]
-    return _FALLBACK[sum(map(ord, init)) % len(_FALLBACK)]   # stable across runs (no hash())
 
 
 def save_figure(fig, path: str | Path) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .models.vit import check_structured_vit, patch_grid_of
+from structinit.models.vit import check_structured_vit, patch_grid_of
 
 
 @dataclass

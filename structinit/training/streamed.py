@@ -30,11 +30,11 @@ import torch.nn.functional as F
 from timm.loss import SoftTargetCrossEntropy
 from tqdm.auto import tqdm
 
-from .config import TrainConfig
-from .distributed import DistributedContext, refuse_batchnorm
-from .imagenet import SeededAugmentation, test_loader, train_loader
-from .io import CorruptFileError, load_checked, save_checked
-from .train import NonFiniteLossError, autocast, lr_at, param_groups
+from structinit.training.config import TrainConfig
+from structinit.training.distributed import DistributedContext, refuse_batchnorm
+from structinit.data.imagenet import SeededAugmentation, test_loader, train_loader
+from structinit.io import CorruptFileError, load_checked, save_checked
+from structinit.training.trainer import NonFiniteLossError, autocast, lr_at, param_groups
 
 CHECKPOINT_FORMAT = 1
 

@@ -1,0 +1,14 @@
+"""Training: the recipe, what both trainers share, and the two trainers.
+
+    config.py       TrainConfig (the recipe) and its RandAugment policy string; torch-free
+    common.py       what both trainers share: schedule, parameter groups, autocast,
+                    evaluation, checkpoint format
+    steps.py        optimizer steps per epoch and in a run; held step counts (data-size study)
+    trainer.py      the on-device trainer: every seed of a cell at once (train_models)
+    stacked.py      N models of one architecture run as one (torch.func.vmap)
+    cpu_chunks.py   CPU: a batch as one single-threaded chunk per core
+    streamed.py     the streamed trainer (ImageNet: images decoded by workers)
+    distributed.py  torchrun / DDP: one cell on several processes
+
+Nothing is imported here: `structinit.training.config` stays importable without torch.
+"""
