@@ -6,6 +6,9 @@ preoptimize artifact the training stage used); the trained weights are the train
     python -m stages.analyze --dataset digits --init impulse3 --seeds-from grid.seeds \
         --data data/prepared/digits.pt --models models/digits-impulse3 \
         --solutions artifacts/preopt/digits-3 --images 512 --out artifacts/analysis/digits-impulse3
+
+Datasets read from a local folder (ImageNet) have their own script, stages/analyze_streamed.py,
+which passes this one its images, so this script never imports their code.
 """
 import argparse
 import json
@@ -13,15 +16,13 @@ from pathlib import Path
 
 import torch
 
-from stages.common import load_params, recipe, run_stage, seeds_at
+from stages.common import load_params, run_stage, seeds_at
 from structinit.analysis.model import analyze_model, test_batch
-from structinit.pipeline.build import initialized_vit, load_impulse_solution
-from structinit.pipeline.cells import IMPULSE, main_cell, main_stage, parse_init, run_name, seed_dir, solve_cell
 from structinit.data.tensors import ImageData
-from structinit.data.specs import STREAMED, get_spec
-from structinit.data.imagenet import check_root_matches, evaluation_images
 from structinit.errors import StructinitError
-from structinit.io import MissingFileError, load_checked, load_torch, save_checked, without_timings
+from structinit.io import MissingFileError, load_torch, save_checked, without_timings
+from structinit.pipeline.build import CellModel, build_cell_model
+from structinit.pipeline.cells import IMPULSE, main_cell, main_stage, parse_init, run_name, seed_dir
 
 
 def parse_args():
@@ -62,35 +63,30 @@ def check_same_init(path: Path, rebuilt: dict) -> None:
                               "re-run the cell's training stage (dvc repro)")
 
 
-def main():
+def on_device_images(a, params):
+    """(spec, the first --images test images) of the prepared dataset (download stage)."""
+    data = ImageData.load(a.data)
+    return data.spec, test_batch(data, a.images)
+
+
+def main(load_images=on_device_images):
     a, method, kernel = parse_args()
     params = load_params()
-    model_cfg = recipe(params, a.dataset)["model"]
     seeds = seeds_at(params, a.seeds_from)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if a.dataset in STREAMED:
-        manifest = load_checked(a.data, f"a dataset manifest: re-create it with dvc repro -f download@{a.dataset}")
-        root = check_root_matches(params["local_datasets"][a.dataset], manifest)
-        spec, images = get_spec(a.dataset), evaluation_images(root, manifest, a.images).to(device)
-    else:
-        data = ImageData.load(a.data)
-        spec, images = data.spec, test_batch(data, a.images).to(device)
+    spec, images = load_images(a, params)
+    images = images.to(device)
+    cell = CellModel(dataset=a.dataset, init=a.init, solutions=a.solutions)
     for seed in seeds:
-        options = {}
-        if method == IMPULSE:
-            options["solution"] = load_impulse_solution(
-                seed_dir(a.solutions, seed).with_suffix(".pt"), "a pre-optimization artifact: re-create "
-                f"it with dvc repro -f preoptimize@{solve_cell(a.dataset, kernel)}")
-        model, record = initialized_vit(model_cfg, spec, method, seed, **options)
-        check_same_init(seed_dir(a.init_records, seed) / "init.json",
-                        {"model": "vit", **model_cfg, **record.to_dict()})
+        model, record = build_cell_model(cell, params, spec, seed)
+        check_same_init(seed_dir(a.init_records, seed) / "init.json", record)
         model.to(device)
-        at_init = analyze_model(model, images, offsets=record.offsets)
+        at_init = analyze_model(model, images, offsets=record["offsets"])
         weights = seed_dir(a.models, seed).with_suffix(".pt")
         model.load_state_dict(load_torch(weights, "trained weights: re-create them with dvc repro "
                                                   f"-f {main_stage('train', a.dataset, a.init)}",
                                          map_location=device))
-        trained = analyze_model(model, images, offsets=record.offsets)
+        trained = analyze_model(model, images, offsets=record["offsets"])
         to_cpu = lambda m: {k: v.cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731
                             for k, v in m.to_dict().items()}
         save_checked(seed_dir(a.out, seed).with_suffix(".pt"),

@@ -1,12 +1,11 @@
-"""download@<dataset>: fetch (checksum-verified) and convert one dataset to uint8 tensors, or,
-for a dataset read from a local directory (ImageNet), check that directory and list it."""
+"""download@<dataset>: fetch (checksum-verified) and convert one dataset to uint8 tensors.
+
+Datasets read from a local directory (ImageNet) have their own stage, download_streamed
+(stages/download_streamed.py), so this one never imports their code."""
 import argparse
 
-from stages.common import load_params, run_stage
+from stages.common import run_stage
 from structinit.data.tensors import prepare_dataset
-from structinit.data.specs import STREAMED, get_spec
-from structinit.data.imagenet import scan_imagenet
-from structinit.io import save_checked
 
 
 def main():
@@ -15,18 +14,6 @@ def main():
     ap.add_argument("--raw", default="data/raw", help="torchvision download cache")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    if a.dataset in STREAMED:
-        # The output is the manifest (files, labels, sizes): what the training stages read and
-        # what DVC hashes in place of ~150 GB of images. The path itself is not part of it, so
-        # moving the copy retrains nothing.
-        local = load_params()["local_datasets"]
-        root = local[a.dataset]
-        manifest = scan_imagenet(root, num_classes=get_spec(a.dataset).num_classes,
-                                 require_full=local[f"{a.dataset}_require_full"])
-        save_checked(a.out, manifest)
-        print(f"{a.dataset}: {len(manifest['train'])} train / {len(manifest['val'])} val images in {root} "
-              f"-> {a.out} (a manifest; images are read from {root} while training)")
-        return
     data = prepare_dataset(a.dataset, root=a.raw)
     data.save(a.out)
     print(f"{a.dataset}: {len(data.train_labels)} train / {len(data.test_labels)} test images -> {a.out}")

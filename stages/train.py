@@ -7,8 +7,9 @@ params.yaml; the flags say what differs in this cell. Each seed keeps its own ou
 <out>/seed<s>/ (dvclive metrics and curves, init.json), <model-out>/seed<s>.pt, and its own
 resumable checkpoint.
 
-Datasets read from a folder (ImageNet: --data is its manifest) train seed after seed with the
-streamed trainer. STRUCTINIT_NPROC=N in the environment runs the cell on N processes
+Datasets read from a folder (ImageNet) have their own script, stages/train_streamed.py, which
+reuses this one's pieces: this script never imports their code, so editing the ImageNet loader
+retrains no on-device cell. STRUCTINIT_NPROC=N in the environment runs the cell on N processes
 (torchrun, DDP; rank 0 writes everything): how a cell runs, so never part of its command.
 """
 import argparse
@@ -20,16 +21,14 @@ from pathlib import Path
 from dvclive import Live
 
 from stages.common import load_params, log_timings, recipe, run_stage, seeds_at, write_record
-from structinit import ImageData, TrainConfig, stratified_subset
-from structinit.pipeline.build import impulse_options, initialized_vit, load_impulse_solution
-from structinit.pipeline.cells import IMPULSE, parse_init, parse_pseudo_variant, run_name, seed_dir, solve_cell
-from structinit.data.specs import STREAMED, get_spec
-from structinit.training.distributed import DistributedContext, relaunch_under_torchrun, requested_micro_batch
-from structinit.data.imagenet import manifest_labels
-from structinit.io import load_checked, save_torch, without_timings
-from structinit.models import create_convmixer
-from structinit.training.steps import match_steps, steps_per_epoch, total_steps
+from structinit.data.tensors import ImageData, stratified_subset
+from structinit.io import save_torch, without_timings
 from structinit.numerics import numerics_record
+from structinit.pipeline.build import CellModel, build_cell_model
+from structinit.pipeline.cells import parse_init, run_name, seed_dir
+from structinit.training.config import TrainConfig
+from structinit.training.distributed import DistributedContext, relaunch_under_torchrun, requested_micro_batch
+from structinit.training.steps import match_steps, steps_per_epoch, total_steps
 from structinit.training.trainer import compute_dtype, train_models
 
 
@@ -73,32 +72,10 @@ def parse_args():
     return a
 
 
-def build(a, params, rec, spec, seed):
-    """One seed's model, initialized, and a record of how (for its init.json)."""
-    if a.convmixer:
-        sizes = params["convmixer_sizes"]
-        if a.convmixer not in sizes:
-            raise SystemExit(f"unknown ConvMixer size {a.convmixer!r}; convmixer_sizes has {sorted(sizes)}")
-        model = create_convmixer(**sizes[a.convmixer], num_classes=spec.num_classes,
-                                 in_chans=spec.channels, filter_mode=a.filter_mode, seed=seed)
-        return model, {"model": "convmixer", "size": sizes[a.convmixer], "filter_mode": a.filter_mode}
-    model_cfg = dict(rec["model"])
-    if a.shape:
-        shapes = params["model_shapes"]
-        if a.shape not in shapes:
-            raise SystemExit(f"unknown model shape {a.shape!r}; model_shapes has {sorted(shapes)}")
-        model_cfg.update(shapes[a.shape])
-    options = {}
-    if a.method == IMPULSE:
-        if a.solutions:
-            options["solution"] = load_impulse_solution(
-                seed_dir(a.solutions, seed).with_suffix(".pt"), "a pre-optimization artifact: re-create "
-                f"it with dvc repro -f preoptimize@{solve_cell(a.dataset, a.kernel)}")
-        else:
-            options = {**impulse_options(params["solve"]), "kernel": a.kernel,
-                       **(parse_pseudo_variant(a.pseudo) if a.pseudo else {})}
-    model, record = initialized_vit(model_cfg, spec, a.method, seed, **options)
-    return model, {"model": "vit", **model_cfg, **record.to_dict()}
+def cell_model(a) -> CellModel:
+    """What makes this cell's model, from the flags."""
+    return CellModel(dataset=a.dataset, init=a.init, solutions=a.solutions, pseudo=a.pseudo, shape=a.shape,
+                     convmixer=a.convmixer, filter_mode=a.filter_mode)
 
 
 def data_size_cell(a, train: dict, subset, labels, subset_seed: int):
@@ -124,48 +101,25 @@ def cell_fingerprint(init_record: dict, subset) -> dict:
     return {"init": without_timings(init_record), "subset": [int(i) for i in subset]}
 
 
-def train_streamed_seeds(a, models, params, *, manifest, cfgs, subset, ckpt_dir, fingerprints, log):
-    """Each seed in turn (one model fills the devices), on every process of this torchrun."""
-    from structinit.data.imagenet import check_root_matches, imagenet_datasets
-    from structinit.training.streamed import train_streamed
-
-    ctx = DistributedContext.from_env()
-    ctx.start()
-    root = check_root_matches(params["local_datasets"][a.dataset], manifest)
-    histories = []
-    for i, (model, cfg) in enumerate(zip(models, cfgs)):
-        train_set, test_set = imagenet_datasets(root, manifest, cfg, cfg.seed, train_indices=subset)
-        histories.append(train_streamed(
-            model, train_set, test_set, cfg, ctx=ctx, fingerprint=fingerprints[i],
-            micro_batch=requested_micro_batch(),
-            checkpoint_path=seed_dir(ckpt_dir, cfg.seed).with_suffix(".pt"),
-            on_epoch_end=lambda metrics, i=i: log(i, metrics)))
-    ctx.stop()
-    return histories
-
-
-def main():
+def main(module: str = "stages.train", load_data=None, train_cell=None):
+    """Train the cell the flags name. `load_data(a, params)` -> (spec, train labels, data) and
+    `train_cell(...)` -> per-seed histories default to the on-device ones; train_streamed.py
+    passes its own."""
     a = parse_args()
-    streamed = a.dataset in STREAMED
     requested_micro_batch()                   # a bad value stops here, before any work
-    if (status := relaunch_under_torchrun("stages.train", sys.argv[1:])) is not None:
+    if (status := relaunch_under_torchrun(module, sys.argv[1:])) is not None:
         sys.exit(status)
     main_rank = DistributedContext.from_env().is_main
     params = load_params()
     rec = recipe(params, a.dataset)
     seeds = seeds_at(params, a.seeds_from)
-    if streamed:
-        manifest = load_checked(a.data, f"a dataset manifest: re-create it with dvc repro -f download@{a.dataset}")
-        spec, labels = get_spec(a.dataset), manifest_labels(manifest)
-    else:
-        data = ImageData.load(a.data)
-        spec, labels = data.spec, data.train_labels
+    spec, labels, data = (load_data or load_on_device)(a, params)
     subset = stratified_subset(labels, params["data"]["train_size"], seed=params["data"]["subset_seed"])
     train, sizes = rec["train"], {}
     if a.train_fraction is not None:
         subset, train, sizes = data_size_cell(a, train, subset, labels, params["data"]["subset_seed"])
     cfgs = [TrainConfig(**train, seed=seed) for seed in seeds]
-    models, records = zip(*(build(a, params, rec, spec, seed) for seed in seeds))
+    models, records = zip(*(build_cell_model(cell_model(a), params, spec, seed) for seed in seeds))
     # Checkpoints live outside DVC's outputs (DVC deletes outputs before a stage runs), so an
     # interrupted cell resumes from its last finished epoch: on-device cells from one file with
     # every seed (checkpoint.pt), streamed ones seed by seed. STRUCTINIT_CKPT_DIR moves them.
@@ -192,17 +146,8 @@ def main():
                     lives[i].log_metric(key.replace("_", "/", 1), metrics[key])
             lives[i].next_step()
 
-        if streamed:
-            histories = train_streamed_seeds(a, models, params, manifest=manifest, cfgs=cfgs, subset=subset,
-                                             ckpt_dir=ckpt_dir, fingerprints=fingerprints, log=log)
-        else:
-            ctx = DistributedContext.from_env()
-            ctx.start()
-            histories = train_models(
-                list(models), data, cfgs, train_indices=subset,
-                checkpoint_path=ckpt_dir / "checkpoint.pt",
-                fingerprints=fingerprints, on_epoch_end=log, ctx=ctx)
-            ctx.stop()
+        histories = (train_cell or train_on_device)(a, list(models), params, data=data, cfgs=cfgs, subset=subset,
+                                                    ckpt_dir=ckpt_dir, fingerprints=fingerprints, log=log)
         for live, history in zip(lives, histories):
             live.summary["best_test_acc"] = max(h["test_acc"] for h in history if "test_acc" in h)
             live.summary["final_test_acc"] = history[-1]["test_acc"]
@@ -219,6 +164,22 @@ def main():
         seed_dir(ckpt_dir, seed).with_suffix(".pt").unlink(missing_ok=True)    # streamed cells' checkpoints
         print(f"{run_name(cell, seed)}: final test acc {history[-1]['test_acc']:.4f}")
     (ckpt_dir / "checkpoint.pt").unlink(missing_ok=True)
+
+
+def load_on_device(a, params):
+    """The prepared dataset (download stage): (spec, train labels, the data itself)."""
+    data = ImageData.load(a.data)
+    return data.spec, data.train_labels, data
+
+
+def train_on_device(a, models, params, *, data, cfgs, subset, ckpt_dir, fingerprints, log):
+    """Every seed at once, stacked, the data on the device (structinit/training/trainer.py)."""
+    ctx = DistributedContext.from_env()
+    ctx.start()
+    histories = train_models(models, data, cfgs, train_indices=subset, checkpoint_path=ckpt_dir / "checkpoint.pt",
+                             fingerprints=fingerprints, on_epoch_end=log, ctx=ctx)
+    ctx.stop()
+    return histories
 
 
 if __name__ == "__main__":

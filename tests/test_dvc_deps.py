@@ -120,13 +120,18 @@ def test_every_stage_depends_on_exactly_the_code_its_script_imports(stages):
     assert not problems, "\n".join(problems)
 
 
-def test_the_closure_sees_lazy_exports_and_function_level_imports():
-    # stages.train imports `ImageData` from structinit (lazily from structinit.data.tensors) and
-    # structinit.training.streamed inside a function: both must be in its closure, or the test
-    # above could pass on an incomplete deps list
+def test_the_closure_sees_function_level_imports_and_leaves_out_what_training_never_runs():
+    # pipeline/build.py imports the ConvMixer inside a function: it must be in the training
+    # stage's closure, or the test above could pass on an incomplete deps list; and the
+    # training script imports no schema, no report and no streamed-dataset code, so editing
+    # them retrains nothing (tests/test_edit_reruns.py runs that end to end)
     closure = import_closure("stages.train")
-    assert {"structinit/data/tensors.py", "structinit/training/streamed.py", "structinit/__init__.py",
-            "stages/__init__.py", "structinit/init/impulse.py"} <= closure
+    assert {"structinit/data/tensors.py", "structinit/models/convmixer.py", "structinit/__init__.py",
+            "stages/__init__.py", "structinit/init/impulse.py", "structinit/init/registry.py"} <= closure
+    never = {"structinit/pipeline/params.py", "structinit/data/imagenet.py", "structinit/training/streamed.py",
+             "structinit/reporting/tables.py", "structinit/reporting/presentation.py", "scale/fanout.py"}
+    assert not never & closure
+    assert {"structinit/data/imagenet.py", "structinit/training/streamed.py"} <= import_closure("stages.train_streamed")
 
 
 def test_deps_problems_reports_a_removed_module_and_an_extra_one(stages):
@@ -136,7 +141,7 @@ def test_deps_problems_reports_a_removed_module_and_an_extra_one(stages):
     assert deps_problems(deps, needed) == ([], [])
     assert deps_problems([d for d in deps if d != "structinit/io.py"], needed) == (["structinit/io.py"], [])
     assert deps_problems(deps + ["structinit/reporting/tables.py", "results/train"], needed) == ([], ["structinit/reporting/tables.py"])
-    assert deps_problems(deps + ["structinit/init"], needed) == ([], ["structinit/init"])   # a folder dep
+    assert deps_problems(deps + ["structinit/analysis"], needed) == ([], ["structinit/analysis"])   # a folder dep
 
 
 def test_the_closure_sees_structinit_attribute_access(tmp_path):
@@ -144,9 +149,10 @@ def test_the_closure_sees_structinit_attribute_access(tmp_path):
     # no `import` statement names it, so the closure must read the attribute chains
     script = tmp_path / "script.py"
     script.write_text("import structinit as si\nimport structinit.pipeline.params\n"
-                      "si.report.main_table\nsi.get_spec('digits')\nstructinit.cka\nsi.no_such_name\n")
+                      "si.reporting\nsi.get_spec('digits')\nstructinit.analysis\nsi.no_such_name\n")
     assert imported_modules(script, "stages.script") == {
-        "structinit", "structinit.pipeline.params", "structinit.reporting.tables", "structinit.data.specs", "structinit.analysis.cka"}
+        "structinit", "structinit.pipeline.params", "structinit.reporting", "structinit.data.specs",
+        "structinit.analysis"}
 
 
 def test_only_structinit_loads_lazily():
@@ -184,3 +190,51 @@ def test_matrix_stages_write_the_cells_that_cells_py_names(stages):
         own = {r.folder.as_posix() for r in cells.study_runs(params, study, "results/train", "results/studies")
                if r.folder.parts[1] == "studies"}
         assert own and own <= outs, (study, sorted(own - outs))
+
+
+# ---- keeping dvc.yaml in step: python tests/test_dvc_deps.py --write ------------------------
+
+def code_deps(script: str) -> list[str]:
+    """A stage script's code deps: its import closure, a folder where the closure holds every
+    module in it (structinit/init, structinit/models: a new file there is seen too)."""
+    closure = import_closure(script)
+    folders = sorted({str(Path(f).parent) for f in closure if f.startswith("structinit/")})
+    whole = [d for d in folders if d.count("/") == 1 and d not in ("structinit",)
+             and all(p.relative_to(REPO).as_posix() in closure for p in (REPO / d).rglob("*.py"))]
+    whole = [d for d in whole if d in ("structinit/init", "structinit/models")]
+    files = sorted(f for f in closure if not any(f.startswith(d + "/") for d in whole))
+    return sorted(files, key=lambda f: (not f.startswith("stages/"), f)) + whole
+
+
+def write_code_deps(path: Path = REPO / "dvc.yaml") -> None:
+    """Rewrite each stage's code deps (stages/, structinit/ entries) in dvc.yaml from its
+    script's imports; data deps, comments and anchors stay as they are."""
+    lines, out, script, i = path.read_text().splitlines(), [], None, 0
+    while i < len(lines):
+        line = lines[i]
+        if re.match(r"^  \w+:", line):
+            script = None
+        if m := re.search(r"python -m (stages\.\w+)", line):
+            script = m[1]
+        out.append(line)
+        if re.match(r"^ +deps:( &\w+)?$", line) and script:
+            indent = re.match(r"^( *)", lines[i + 1])[1]
+            j = i + 1
+            data = []
+            while j < len(lines) and lines[j].startswith(indent + "- "):
+                if lines[j].strip()[2:].split("/")[0] not in PACKAGES:
+                    data.append(lines[j])
+                j += 1
+            out += [f"{indent}- {d}" for d in code_deps(script)] + data
+            i = j
+            continue
+        i += 1
+    path.write_text("\n".join(out) + "\n")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python tests/test_dvc_deps.py --write   (rewrites dvc.yaml's code deps)")
+    write_code_deps()

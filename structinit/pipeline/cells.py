@@ -46,7 +46,7 @@ def parse_init(init: str) -> tuple[str, int | None]:
     ValueError; whether other names exist is initialize()'s (and the schema's) to say."""
     if (k := impulse_kernel(init)) is not None:
         return IMPULSE, k
-    if init == IMPULSE or not init.isidentifier():
+    if init.startswith(IMPULSE) or not init.isidentifier():
         raise ValueError(f"{init!r} is not a cell's initializer: a registered initializer's name "
                          f"or {IMPULSE}<k> (the structured init, k x k kernel, e.g. {impulse_init(3)})")
     return init, None
@@ -113,10 +113,16 @@ def solve_cell(dataset: str, kernel: int) -> str:
     return f"{dataset}-{kernel}"
 
 
+def main_datasets(params: dict) -> list[str]:
+    """The main grid's datasets, in table order: grid.datasets (trained from tensors on the
+    device), then grid.streamed_datasets (read from a local folder: their own stage templates)."""
+    grid = params["grid"]
+    return list(grid["datasets"]) + list(grid.get("streamed_datasets") or [])
+
+
 def main_runs(params: dict) -> list[tuple[str, str, int]]:
     """Every (dataset, init, seed) of the main grid, in table order."""
-    grid = params["grid"]
-    return list(itertools.product(grid["datasets"], main_inits(params), grid["seeds"]))
+    return list(itertools.product(main_datasets(params), main_inits(params), params["grid"]["seeds"]))
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Literal, Optional
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator,
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator,
                       model_validator)
 
 from structinit.pipeline import cells
@@ -54,21 +54,12 @@ def _unique(values: list) -> list:
 
 
 class Grid(_Section):
-    datasets: Annotated[list[Dataset], Field(min_length=1)]
-    baselines: list[str]
+    datasets: list[Dataset]
+    streamed_datasets: list[Dataset] = []     # read from a local folder (ImageNet): own stage templates
+    baselines: list[Annotated[str, AfterValidator(lambda name: _kernel_free(name))]]
     kernels: Annotated[list[PosInt], Field(min_length=1)]
     seeds: Seeds
-    _unique = field_validator("datasets", "baselines", "kernels", "seeds")(_unique)
-
-    @field_validator("baselines")
-    @classmethod
-    def _registered(cls, names: list) -> list:
-        kernel_free = _kernel_free_initializers()
-        unknown = [n for n in names if n not in kernel_free]
-        if unknown:
-            raise ValueError(f"{unknown}: not a registered kernel-independent initializer; "
-                             f"allowed: {kernel_free} (the structured init is grid.kernels)")
-        return names
+    _unique = field_validator("datasets", "streamed_datasets", "baselines", "kernels", "seeds")(_unique)
 
 
 class ClosedForm(_Section):              # keyword options of init/solvers.solve_qk_closed_form
@@ -180,13 +171,21 @@ def _kernel_free_initializers() -> list[str]:
     return [name for name, init in INITIALIZERS.items() if not init.takes_kernel]
 
 
+def _kernel_free(name: str) -> str:
+    kernel_free = _kernel_free_initializers()
+    if name not in kernel_free:
+        raise ValueError(f"not a registered kernel-independent initializer; allowed: {kernel_free} "
+                         "(the structured init's rows are grid.kernels)")
+    return name
+
+
 def _initializers(inits: list) -> list:
     kernel_free = _kernel_free_initializers()
     for name in inits:
         method, _ = cells.parse_init(name)          # its ValueError names what is allowed
         if method != cells.IMPULSE and method not in kernel_free:
             raise ValueError(f"{name!r} is not an initializer; allowed: {kernel_free} "
-                             f"or {cells.impulse_init(3)}, {cells.impulse_init(5)}, ... (the structured init)")
+                             f"or {cells.IMPULSE}<k> (the structured init, e.g. {cells.impulse_init(3)})")
     return inits
 
 
@@ -252,7 +251,18 @@ def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
     if p.init.kernel not in g.kernels:
         out.append(("init.kernel", p.init.kernel, f"must be one of grid.kernels {g.kernels} "
                     "(it picks the main table's headline row)"))
-    used = {("grid.datasets", d) for d in g.datasets} | {
+    if not g.datasets and not g.streamed_datasets:
+        out.append(("grid.datasets", g.datasets, "the grid needs a dataset (here or in grid.streamed_datasets)"))
+    for i, d in enumerate(g.datasets):
+        if d in STREAMED:
+            out.append((f"grid.datasets[{i}]", d, "is read from a local folder while training: list it in "
+                        "grid.streamed_datasets (its stages are their own: download_streamed, train_streamed_*)"))
+    for i, d in enumerate(g.streamed_datasets):
+        if d not in STREAMED:
+            out.append((f"grid.streamed_datasets[{i}]", d, f"is trained from tensors on the device: list it in "
+                        f"grid.datasets (streamed datasets: {list(STREAMED)})"))
+    main_datasets = g.datasets + g.streamed_datasets
+    used = {("grid.datasets", d) for d in g.datasets} | {("grid.streamed_datasets", d) for d in g.streamed_datasets} | {
         (f"studies.{name}.datasets", d) for name in cells.STUDIES for d in getattr(s, name).datasets}
     no_folder = set()
     for path, d in sorted(used):
@@ -277,7 +287,7 @@ def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
     for d, rec in p.recipes.items():
         out += _vit_problems(f"recipes.{d}.model", rec.model.model_dump(), d)
     # kernels of the structured init, against the patch grid of each model they initialize
-    for d in g.datasets:
+    for d in main_datasets:
         if d in p.recipes:
             for i, k in enumerate(g.kernels):
                 out += _kernel_problems(f"grid.kernels[{i}]", k, k, p.recipes[d].model.model_dump(), d)
