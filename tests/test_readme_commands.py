@@ -1,5 +1,12 @@
-"""Every `dvc exp run -S ...` the README shows passes params.yaml's checks (check_params would
-otherwise refuse it before any stage runs)."""
+"""The commands the README and the pages under docs/ show still work:
+
+- every `dvc exp run -S ...` passes params.yaml's checks (check_params would otherwise refuse
+  it before any stage runs), with the initializers a page registers (docs/library.md's
+  `# structinit/init/registry.py` snippet) registered first;
+- every `python -m <module>` names a module that exists, and every repository path they name
+  exists (module paths moved in issue 25: the README's "Changes" line maps old to new).
+"""
+import importlib.util
 import re
 import shlex
 from pathlib import Path
@@ -10,11 +17,35 @@ import yaml
 from structinit.pipeline.params import validate_params
 
 REPO = Path(__file__).resolve().parents[1]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+REGISTRY_SNIPPET = "# structinit/init/registry.py"     # first line of a block to append to registry.py
 
 
-def readme_exp_runs() -> list[str]:
-    text = (REPO / "README.md").read_text().replace("\\\n", " ")      # join continued lines
-    return [m.group(0) for m in re.finditer(r"dvc exp run[^\n`#]*", text)]
+def page_name(page: Path) -> str:
+    return str(page.relative_to(REPO))
+
+
+def page_text(page: Path) -> str:
+    return page.read_text().replace("\\\n", " ")      # join continued lines
+
+
+def exp_runs(page: Path) -> list[str]:
+    """Each `dvc exp run` with a parameter to set (prose that only names the command is skipped)."""
+    commands = (m.group(0).strip() for m in re.finditer(r"dvc exp run[^\n`#]*", page_text(page)))
+    return [c for c in commands if "=" in c]
+
+
+def all_exp_runs() -> list:
+    return [pytest.param(command, id=f"{page_name(page)}: {command}")
+            for page in PAGES for command in exp_runs(page)]
+
+
+def python_blocks(page: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+
+
+def registry_snippets() -> list[str]:
+    return [block for page in PAGES for block in python_blocks(page) if block.startswith(REGISTRY_SNIPPET)]
 
 
 def apply_overrides(params: dict, command: str) -> dict:
@@ -30,11 +61,82 @@ def apply_overrides(params: dict, command: str) -> dict:
     return params
 
 
-def test_readme_shows_experiments():
-    assert len(readme_exp_runs()) >= 8
+@pytest.fixture
+def page_initializers():
+    """Run each page's registry.py snippet as if appended to registry.py; unregister after."""
+    from structinit.init import registry
+
+    before = set(registry.INITIALIZERS)
+    try:
+        for block in registry_snippets():
+            exec(compile(block, "registry.py snippet", "exec"), dict(vars(registry)))
+        yield sorted(set(registry.INITIALIZERS) - before)
+    finally:
+        for name in set(registry.INITIALIZERS) - before:
+            del registry.INITIALIZERS[name]
 
 
-@pytest.mark.parametrize("command", readme_exp_runs())
-def test_every_readme_experiment_is_a_valid_params_file(command):
+def test_pages_show_experiments():
+    assert (REPO / "docs").is_dir()
+    assert len(exp_runs(REPO / "README.md")) >= 3
+    assert len(all_exp_runs()) >= 8
+
+
+@pytest.mark.parametrize("command", all_exp_runs())
+def test_every_shown_experiment_is_a_valid_params_file(command, page_initializers):
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     validate_params(apply_overrides(params, command))
+
+
+def test_registry_snippets_register_a_working_initializer(page_initializers):
+    import structinit as si
+
+    assert registry_snippets() and page_initializers, "docs/library.md shows no initializer registration"
+    for name in page_initializers:
+        model = si.create_vit(img_size=8, patch_size=1, embed_dim=48, depth=1, num_heads=3, num_classes=10,
+                              in_chans=1)
+        assert si.initialize(model, name, seed=0).method == name
+
+
+# ---- module and file paths -------------------------------------------------------------------
+
+def module_exists(module: str) -> bool:
+    top, *rest = module.split(".")
+    if not (REPO / top).is_dir():                     # not the repository's: an installed one
+        return importlib.util.find_spec(module) is not None
+    base = REPO.joinpath(top, *rest)
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def run_modules() -> list:
+    return [pytest.param(m, id=f"{page_name(page)}: {m}") for page in PAGES
+            for m in sorted(set(re.findall(r"python -m ([\w.]+)", page_text(page))))]
+
+
+@pytest.mark.parametrize("module", run_modules())
+def test_every_python_m_names_a_module(module):
+    assert module_exists(module), f"python -m {module}: no such module (moved? see the README's Changes)"
+
+
+def moved_modules() -> list[tuple[str, str]]:
+    """The README's "Changes" line: `old` → `new` pairs."""
+    return re.findall(r"`([\w.]+)`\s*→\s*`([\w.]+)`", (REPO / "README.md").read_text())
+
+
+def test_the_changes_line_maps_old_module_paths_to_existing_ones():
+    pairs = moved_modules()
+    assert len(pairs) >= 5
+    for old, new in pairs:
+        assert not module_exists(old), f"{old} still exists: not moved"
+        assert module_exists(new), f"{old} → {new}: {new} does not exist"
+
+
+def repo_paths() -> list:
+    pattern = r"(?<![\w./])((?:structinit|stages|scale|benchmarks|tests)/[\w./-]*[\w/])"
+    return [pytest.param(p, id=f"{page_name(page)}: {p}") for page in PAGES
+            for p in sorted(set(re.findall(pattern, page.read_text())))]
+
+
+@pytest.mark.parametrize("path", repo_paths())
+def test_every_repository_path_shown_exists(path):
+    assert (REPO / path).exists(), f"{path}: not in the repository"

@@ -54,7 +54,7 @@ def initialize(model, method: str, *, seed: int = 0, **options) -> InitRecord:
     if init.check is not None:
         init.check(model, **options)
     record = InitRecord(method=method, seed=seed, options={k: v for k, v in options.items() if k != "solution"})
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), torch.no_grad():     # weights are set, not trained
         torch.manual_seed(seed)
         gen = torch.Generator().manual_seed(seed)
         # Every module gets PyTorch's default first, so that no weight (e.g. the patch
