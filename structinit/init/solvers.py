@@ -30,6 +30,7 @@ def mean_target_mass(maps: torch.Tensor, targets: torch.Tensor) -> float:
     return (mass[has_target].mean()).item()
 
 
+@torch.enable_grad()     # an autograd loop: it must run inside initialize()'s no_grad too
 def solve_qk_adam(x, targets, *, head_dim, scale, generator, steps=10_000, lr=1e-4,
                   renorm_every=100, early_stop=False, tol=1e-3, window=1000):
     """The paper's solver as its official code runs it (`impulse_init`, timm fork).
