@@ -1,11 +1,11 @@
 """Stage scripts: what DVC must know about them, and what they hand the trainer."""
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
-from stages.common import load_params, recipe
-from stages.train import build, cell_fingerprint
+from stages.common import load_params
+from stages.train import cell_fingerprint
+from structinit.pipeline.build import CellModel, build_cell_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -15,9 +15,8 @@ def test_a_cell_solved_in_process_can_resume(digits):
     heads/width studies) is the same on every run: configuration only. It used to contain
     the solve's seconds, so such cells never resumed."""
     params = load_params(REPO / "params.yaml")
-    a = SimpleNamespace(convmixer=None, init="impulse3", method="impulse", kernel=3, solutions=None,
-                        pseudo="UU", shape=None)
-    records = [build(a, params, recipe(params, "digits"), digits.spec, seed=0)[1] for _ in range(2)]
+    cell = CellModel(dataset="digits", init="impulse3", pseudo="UU")
+    records = [build_cell_model(cell, params, digits.spec, seed=0)[1] for _ in range(2)]
     # timings differ from run to run, though not always by a measurable amount: make sure they do
     records[1]["solve_seconds"] = records[0]["solve_seconds"] + 1.0
     subset = torch.arange(20)
