@@ -140,7 +140,8 @@ def test_deps_problems_reports_a_removed_module_and_an_extra_one(stages):
     needed = import_closure("stages.check_params")
     assert deps_problems(deps, needed) == ([], [])
     assert deps_problems([d for d in deps if d != "structinit/io.py"], needed) == (["structinit/io.py"], [])
-    assert deps_problems(deps + ["structinit/reporting/tables.py", "results/train"], needed) == ([], ["structinit/reporting/tables.py"])
+    extra = "structinit/reporting/tables.py"
+    assert deps_problems(deps + [extra, "results/train"], needed) == ([], [extra])
     assert deps_problems(deps + ["structinit/analysis"], needed) == ([], ["structinit/analysis"])   # a folder dep
 
 

@@ -50,6 +50,7 @@ def stand_in_reference_solves(repo: Path) -> None:
             record = repo / f"results/reference/digits-{kernel}/seed{seed}.json"
             record.parent.mkdir(parents=True, exist_ok=True)
             record.write_text(json.dumps({"target_mass": 0.05 + kernel / 1000, "fit_mse": 0.01 * (seed + 1)}))
+    sh(repo, "dvc", "repro", "check_params")            # what every stage depends on
     sh(repo, "dvc", "commit", "-f", "reference_solve@digits-3", "reference_solve@digits-5")
 
 

@@ -180,15 +180,18 @@ def test_imagenet_in_the_grid_without_a_folder_is_refused_before_any_stage_runs(
     from structinit.pipeline.params import ParamsError, validate_params
 
     params = yaml.safe_load((HERE.parent / "params.yaml").read_text())
-    params["grid"]["datasets"] = ["imagenet"]
-    for study in ("convmixer", "pseudo_input", "heads_width", "data_size"):
-        params["studies"][study]["datasets"] = ["imagenet"]
-    with pytest.raises(ParamsError, match=r"^params.yaml: grid.datasets = 'imagenet': is read from a local "
-                                          r"directory, never downloaded: set local_datasets.imagenet to its "
+    params["grid"]["streamed_datasets"] = ["imagenet"]
+    with pytest.raises(ParamsError, match=r"^params.yaml: grid.streamed_datasets = 'imagenet': is read from a "
+                                          r"local directory, never downloaded: set local_datasets.imagenet to its "
                                           r"folder \(ILSVRC layout: train/<wnid>/\*.JPEG, val/<wnid>/\*.JPEG\)$"):
         validate_params(params)
     params["local_datasets"]["imagenet"] = "/data/ILSVRC"
     validate_params(params)                                  # the recipe itself is valid
+    # the on-device stages never train it: it has its own templates (download_streamed, train_streamed_*)
+    params["grid"]["datasets"].append("imagenet")
+    with pytest.raises(ParamsError, match=r"grid.datasets\[1\] = 'imagenet': is read from a local folder while "
+                                          r"training: list it in grid.streamed_datasets"):
+        validate_params(params)
 
 
 def test_the_on_device_trainer_refuses_what_only_the_streamed_one_does(digits):

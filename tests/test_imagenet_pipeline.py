@@ -12,20 +12,18 @@ def test_imagenet_cells_train_from_a_local_folder_on_two_processes(tmp_path, mon
     root = tmp_path / "ILSVRC"
     write_ilsvrc(root, classes=1000, per_class=(1, 1), size=(12, 10))     # 1,000 wnids: the real count
     repo = tiny_repo_copy(tmp_path)
-    set_params(repo, **{"grid.datasets": ["imagenet"], "local_datasets.imagenet": str(root),
+    set_params(repo, **{"grid.streamed_datasets": ["imagenet"],     # beside digits (not run here)
+                        "local_datasets.imagenet": str(root),
                         "local_datasets.imagenet_require_full": False,
                         "data.train_size": None, "grid.kernels": [3], "init.kernel": 3, "grid.seeds": [0],
                         "recipes.imagenet.model.embed_dim": 24, "recipes.imagenet.model.depth": 1,
                         "recipes.imagenet.train.epochs": 1, "recipes.imagenet.train.warmup_epochs": 0,
-                        "recipes.imagenet.train.batch_size": 100,
-                        # the studies reuse main-grid cells, so they follow the grid's dataset
-                        **{f"studies.{s}.datasets": ["imagenet"] for s in
-                           ("convmixer", "pseudo_input", "heads_width", "data_size")}})
+                        "recipes.imagenet.train.batch_size": 100})
     sh(repo, "git", "commit", "-qam", "imagenet")
     monkeypatch.setenv("STRUCTINIT_NPROC", "2")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    cells = ("train_baseline@imagenet-trunc_normal", "train_impulse@imagenet-3")
-    analysis = "analyze_baseline@imagenet-trunc_normal"        # the attention stages read ImageNet too
+    cells = ("train_streamed_baseline@imagenet-trunc_normal", "train_streamed_impulse@imagenet-3")
+    analysis = "analyze_streamed_baseline@imagenet-trunc_normal"   # the attention stages read ImageNet too
     run = sh(repo, "dvc", "repro", *cells, analysis)
     out = run.stdout + run.stderr
     assert "1000 train / 1000 val images" in out                       # the manifest stage
@@ -42,7 +40,8 @@ def test_imagenet_cells_train_from_a_local_folder_on_two_processes(tmp_path, mon
     assert "NPROC" not in lock and "torchrun" not in lock
     # the folder's path is the manifest stage's parameter only: the cells depend on the manifest
     stages = yaml.safe_load(lock)["stages"]
-    assert [name for name, entry in stages.items() if str(root) in yaml.safe_dump(entry)] == ["download@imagenet"]
+    assert [name for name, entry in stages.items() if str(root) in yaml.safe_dump(entry)] == [
+        "download_streamed@imagenet"]
     monkeypatch.delenv("STRUCTINIT_NPROC")
     again = sh(repo, "dvc", "repro", *cells, analysis)
     assert "Running stage" not in again.stdout

@@ -157,11 +157,11 @@ def test_eval_every_evaluates_on_schedule_and_always_last(digits):
 
 
 def test_import_structinit_is_light_until_a_model_is_needed():
-    """download/aggregate import structinit.data.tensors / .report only: no timm start-up cost."""
+    """download/aggregate import structinit.data.tensors / .reporting.tables only: no timm start-up cost."""
     import subprocess
     import sys
     code = ("import sys, structinit, structinit.data.tensors, structinit.reporting.tables; "
             "assert 'timm' not in sys.modules, 'timm imported'; "
             "structinit.create_vit; assert 'timm' in sys.modules; "
-            "assert structinit.training.trainer.lr_at and 'TrainConfig' in dir(structinit)")
+            "assert structinit.train_models and 'TrainConfig' in dir(structinit)")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -10,7 +10,7 @@ from structinit.config import IMPULSE_SOLVE_OPTIONS
 from structinit.data.specs import DatasetSpec
 from structinit.errors import StructinitError
 from structinit.models.vit import create_vit
-from structinit.pipeline.cells import IMPULSE, parse_init, parse_pseudo_variant, seed_dir, solve_cell
+from structinit.pipeline.cells import IMPULSE, parse_init, parse_pseudo_variant, seed_dir, solve_stage
 
 
 def build_model(model_cfg: dict, spec: DatasetSpec):
@@ -78,7 +78,7 @@ def build_cell_model(cell: CellModel, params: dict, spec: DatasetSpec, seed: int
         if cell.solutions:
             options["solution"] = load_impulse_solution(
                 seed_dir(cell.solutions, seed).with_suffix(".pt"), "a pre-optimization artifact: re-create "
-                f"it with dvc repro -f preoptimize@{solve_cell(cell.dataset, kernel)}")
+                f"it with dvc repro -f {solve_stage(cell.dataset, kernel)}")
         else:
             options = {**impulse_options(params["solve"]), "kernel": kernel,
                        **(parse_pseudo_variant(cell.pseudo) if cell.pseudo else {})}

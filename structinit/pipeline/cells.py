@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from structinit.config import PSEUDO_INPUTS
+from structinit.data.specs import STREAMED
 
 IMPULSE = "impulse"          # the structured init: cells named impulse<k>, one per kernel
 STUDIES = ("convmixer", "pseudo_input", "heads_width", "data_size")
@@ -99,13 +100,20 @@ def main_stage(stage: str, dataset: str, init: str) -> str:
     """DVC's exact address of the stage that makes a main-grid cell, for `dvc repro -f`:
     main_stage("train", "digits", "impulse3") == "train_impulse@digits-3". dvc.yaml splits each
     of MAIN_STAGES into <stage>_baseline (matrix key <dataset>-<init>) and <stage>_impulse (key
-    <dataset>-<kernel>), so an address is not <stage>@<cell> and DVC takes no wildcard there."""
+    <dataset>-<kernel>), so an address is not <stage>@<cell> and DVC takes no wildcard there.
+    A dataset read from a local folder has its own templates: train_streamed_impulse@imagenet-3."""
     if stage not in MAIN_STAGES:
         raise ValueError(f"stage {stage!r}: the main grid's stages are {MAIN_STAGES}")
     method, kernel = parse_init(init)
+    template = f"{stage}_streamed" if dataset in STREAMED else stage
     if method == IMPULSE:
-        return f"{stage}_{IMPULSE}@{dataset}-{kernel}"
-    return f"{stage}_baseline@{main_cell(dataset, init)}"
+        return f"{template}_{IMPULSE}@{dataset}-{kernel}"
+    return f"{template}_baseline@{main_cell(dataset, init)}"
+
+
+def solve_stage(dataset: str, kernel: int) -> str:
+    """DVC's address of the preoptimize stage of one dataset and kernel, for `dvc repro -f`."""
+    return f"preoptimize{'_streamed' if dataset in STREAMED else ''}@{solve_cell(dataset, kernel)}"
 
 
 def solve_cell(dataset: str, kernel: int) -> str:
