@@ -119,7 +119,7 @@ def test_dry_run_lists_the_stale_cells_and_runs_nothing(fanned):
     for cell in [*TRAIN_CELLS, BROKEN_CELL]:
         assert f"  {cell}\n" in out
     assert "--out results/train/digits-impulse5 --model-out models/digits-impulse5" in out   # the command
-    assert "First, serially: dvc repro download@digits preoptimize@digits-3 preoptimize@digits-5" in out
+    assert "First, serially: dvc repro check_params download@digits preoptimize@digits-3 preoptimize@digits-5" in out
     assert not fanned["ran_on_dry_run"]
 
 
