@@ -28,7 +28,8 @@ from tabulate import tabulate
 import structinit as si
 from benchmarks.train_throughput import eager_step
 from structinit.pipeline.build import build_model
-from structinit.training.trainer import BatchAugmentation, lr_at, param_groups, train_models
+from structinit.training.common import lr_at, param_groups
+from structinit.training.trainer import BatchAugmentation, train_models
 
 
 def one_model_loop(model, data, cfg, device) -> float:

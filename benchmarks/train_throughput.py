@@ -36,7 +36,8 @@ from torchvision import transforms
 
 import structinit as si
 from structinit.pipeline.build import build_model
-from structinit.training.trainer import autocast, evaluate, BatchAugmentation, lr_at, param_groups
+from structinit.training.common import autocast, lr_at, param_groups
+from structinit.training.trainer import evaluate, BatchAugmentation
 
 
 class PILDataset(torch.utils.data.Dataset):

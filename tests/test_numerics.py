@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import structinit as si
-import structinit.training.trainer as train_module
+import structinit.training.common as train_module
 from stages.common import REMOVED_NUMERICS_VAR as REMOVED_VAR, refuse_removed_setting
 from structinit.numerics import numerics_record
 

@@ -8,7 +8,8 @@ import structinit as si
 from structinit.models import convmixer
 from conftest import small_vit
 from structinit.training.stacked import StackedModels, clip_grad_norm_per_model
-from structinit.training.trainer import BatchAugmentation, lr_at, param_groups, train_models
+from structinit.training.common import lr_at, param_groups
+from structinit.training.trainer import BatchAugmentation, train_models
 
 # fp32 (amp off): these tests compare stacked, chunked and plain steps to float noise, which
 # bf16 (amp=auto's choice on CPUs with native bf16) would drown; test_train.py runs bf16

@@ -1,9 +1,10 @@
 """Training: the recipe, what both trainers share, and the two trainers.
 
     config.py       TrainConfig (the recipe) and its RandAugment policy string; torch-free
-    common.py       what both trainers share: schedule, parameter groups, autocast,
-                    evaluation, checkpoint format
-    steps.py        optimizer steps per epoch and in a run; held step counts (data-size study)
+    common.py       what both trainers share: lr schedule, parameter groups, compute dtype and
+                    autocast, NonFiniteLossError, the checkpoint format and its resume check
+    steps.py        optimizer steps per epoch (both trainers count with it) and in a run;
+                    held step counts (data-size study)
     trainer.py      the on-device trainer: every seed of a cell at once (train_models)
     stacked.py      N models of one architecture run as one (torch.func.vmap)
     cpu_chunks.py   CPU: a batch as one single-threaded chunk per core

@@ -20,8 +20,10 @@ def subset_size(n: int, size: float | int | None) -> int:
 
 
 def steps_per_epoch(n: int, batch_size: int) -> int:
-    """Optimizer steps in one epoch over n images, as structinit/training/trainer.py runs it: the batch
-    is min(batch_size, n) and the ragged last batch is dropped (static shapes)."""
+    """Optimizer steps in one epoch over n images, as both trainers count them: the batch is
+    min(batch_size, n) and the ragged last batch is dropped (static shapes). The on-device
+    trainer (trainer.py) shrinks a batch larger than n to n; the streamed one (streamed.py)
+    refuses such a batch, so there it is n // batch_size."""
     if n < 1 or batch_size < 1:
         raise ValueError(f"n={n}, batch_size={batch_size}: both must be >= 1")
     return n // min(batch_size, n)

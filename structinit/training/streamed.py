@@ -3,7 +3,7 @@
     history = train_streamed(model, train_set, test_set, cfg, ctx=DistributedContext.from_env())
 
 For datasets that do not fit on the device (ImageNet: imagenet.py). The recipe is the same
-as the on-device trainer's (train.py: AdamW without decay on 1-D parameters, warm-up then
+as the on-device trainer's (common.py: AdamW without decay on 1-D parameters, warm-up then
 cosine by step, bf16 autocast on GPUs) plus what the official ImageNet command adds: Mixup /
 CutMix with label smoothing (timm's Mixup and soft-target loss) and the lr scaled by the
 global batch (TrainConfig.scaled_lr).
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import time
 from pathlib import Path
 
@@ -30,13 +29,13 @@ import torch.nn.functional as F
 from timm.loss import SoftTargetCrossEntropy
 from tqdm.auto import tqdm
 
+from structinit.data.imagenet import SeededAugmentation, test_loader, train_loader
+from structinit.io import save_checked
+from structinit.training.common import (NonFiniteLossError, autocast, checkpoint_fingerprint, lr_at, param_groups,
+                                        resolve_amp, restore_checkpoint, schedule_steps)
 from structinit.training.config import TrainConfig
 from structinit.training.distributed import DistributedContext, refuse_batchnorm
-from structinit.data.imagenet import SeededAugmentation, test_loader, train_loader
-from structinit.io import CorruptFileError, load_checked, save_checked
-from structinit.training.trainer import NonFiniteLossError, autocast, lr_at, param_groups
-
-CHECKPOINT_FORMAT = 1
+from structinit.training.steps import steps_per_epoch
 
 
 def default_workers() -> int:
@@ -64,21 +63,26 @@ def train_streamed(model: torch.nn.Module, train_set: SeededAugmentation, test_s
     device = ctx.device()
     workers = default_workers() if workers is None else workers
     model.to(device)
-    steps_per_epoch = len(train_set) // cfg.batch_size
-    if steps_per_epoch == 0:
+    if cfg.batch_size > len(train_set):     # the loader's batches are whole: no smaller batch, as on the device
         raise ValueError(f"batch_size={cfg.batch_size} is larger than the {len(train_set)} training images")
+    n_steps = steps_per_epoch(len(train_set), cfg.batch_size)
     lr_cfg = dataclasses.replace(cfg, lr=cfg.scaled_lr(cfg.batch_size))      # the global batch's lr
-    total_steps, warmup_steps = steps_per_epoch * cfg.epochs, round(cfg.warmup_epochs * steps_per_epoch)
+    total_steps, warmup_steps = schedule_steps(cfg, n_steps)
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=lr_cfg.lr, eps=cfg.adam_eps,
                             fused=device.type == "cuda")
-    fingerprint = json.loads(json.dumps({"config": dataclasses.asdict(cfg), "format": CHECKPOINT_FORMAT,
-                                         **(fingerprint or {})}, default=str))
+    # amp='auto' resolved once. Without the model: this trainer has always autocast models with
+    # BatchNorm too (which the on-device trainer keeps in fp32 on CPUs; on GPUs both use bf16),
+    # and passing it would change what such a run computes on a CPU with native bf16.
+    resolved, dtype = resolve_amp(cfg, device)
+    fingerprint = checkpoint_fingerprint(cfg, dtype, fingerprint)      # the recipe as given, amp unresolved
+    cfg = resolved
     # Rank 0 restores first (moving a damaged checkpoint aside), then the others read what it
     # left: every process starts from the same epoch.
-    history = _restore(model, opt, checkpoint_path, fingerprint, device, announce=True) if ctx.is_main else []
+    history = (_restore(model, opt, checkpoint_path, fingerprint, cfg.epochs, device, announce=True)
+               if ctx.is_main else [])
     ctx.barrier()
     if not ctx.is_main:
-        history = _restore(model, opt, checkpoint_path, fingerprint, device, announce=False)
+        history = _restore(model, opt, checkpoint_path, fingerprint, cfg.epochs, device, announce=False)
     ctx.barrier()                                 # every rank has read it before rank 0 writes again
     if ctx.is_main and on_epoch_end:
         for metrics in history:
@@ -96,7 +100,7 @@ def train_streamed(model: torch.nn.Module, train_set: SeededAugmentation, test_s
         bar = tqdm(loader, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not (progress and ctx.is_main),
                    leave=False, mininterval=1.0)
         for i, (x, y) in enumerate(bar):
-            step = epoch * steps_per_epoch + i
+            step = epoch * n_steps + i
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, total_steps, warmup_steps, lr_cfg)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -190,26 +194,14 @@ def _mixup(cfg: TrainConfig, num_classes: int, ctx: DistributedContext):
                  num_classes=num_classes)
 
 
-def _restore(model, opt, path, fingerprint: dict, device, announce: bool) -> list[dict]:
+def _restore(model, opt, path, fingerprint: dict, epochs: int, device, announce: bool) -> list[dict]:
     """The finished epochs' history, with model and optimizer restored, if `path` holds a sound
-    checkpoint of this run; [] otherwise (a damaged one is moved aside, never resumed).
-    announce: say so (rank 0)."""
-    say = print if announce else (lambda *_: None)
-    if path is None or not Path(path).exists():
-        return []
-    path = Path(path)
-    try:
-        state = load_checked(path, "a training checkpoint", map_location=device)
-        if state.get("fingerprint") != fingerprint:
-            say(f"ignoring {path}: it was written for a different configuration")
-            return []
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
+    checkpoint of this run (common.restore_checkpoint); [] otherwise. announce: say so (rank 0)."""
+    def load(state: dict) -> list[dict]:
         history = state["history"]
-    except (CorruptFileError, KeyError, RuntimeError, ValueError, AttributeError) as e:
-        bad = path.with_name(path.name + ".corrupt")
-        path.replace(bad)
-        say(f"discarding an unusable checkpoint {path} ({str(e).splitlines()[0]}); moved to {bad}")
-        return []
-    say(f"resuming from {path} after epoch {len(history)}")
-    return history
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])          # checks before it changes anything
+        return history
+
+    return restore_checkpoint(path, "fingerprint", fingerprint, load, modules=[model], device=device,
+                              announce=announce, epochs_done=len, epochs=epochs) or []

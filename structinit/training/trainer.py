@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import time
 from pathlib import Path
@@ -29,50 +28,20 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from structinit.data.augment import rand_augment, random_hflip
+from structinit.data.tensors import ImageData
+from structinit.io import save_checked
+from structinit.training.common import (NonFiniteLossError, _decay_groups, autocast, checkpoint_fingerprint,
+                                        default_device, lr_at, resolve_amp, restore_checkpoint, schedule_steps)
+from structinit.training.common import compute_dtype as compute_dtype   # re-exported: stages/train.py
 from structinit.training.config import RandAugmentPolicy, TrainConfig
 from structinit.training.cpu_chunks import ChunkedBackward, plan_cpu_chunks
-from structinit.data.tensors import ImageData
 from structinit.training.distributed import DistributedContext, refuse_batchnorm
-from structinit.errors import StructinitError
-from structinit.io import CorruptFileError, load_checked, save_checked
-from structinit.numerics import cpu_has_native_bf16
 from structinit.training.stacked import StackedModels, clip_grad_norm_per_model, set_grads
+from structinit.training.steps import steps_per_epoch
 
-
-
-class NonFiniteLossError(StructinitError, FloatingPointError):
-    """A model's training loss became NaN or inf: the cell has failed (its last finished
-    epoch's checkpoint is kept; nothing after it is written)."""
-
-
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def lr_at(step: int, total_steps: int, warmup_steps: int, cfg: TrainConfig) -> float:
-    """Linear warm-up from 0, then cosine to min_lr; a function of the step, so resumable.
-    cfg.warmup_prefix: the cosine starts where warm-up ends; else (timm's default, the paper's
-    runs) it runs over all steps from step 0 and warm-up replaces its start."""
-    if step < warmup_steps:
-        return cfg.lr * (step + 1) / warmup_steps
-    t = ((step - warmup_steps) / max(1, total_steps - warmup_steps) if cfg.warmup_prefix
-         else step / max(1, total_steps))
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * t))
-
-
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """No weight decay on 1-D parameters (biases, norms); frozen ones are left out."""
-    return _decay_groups([p for p in model.parameters() if p.requires_grad], weight_decay, 0)
-
-
-def _decay_groups(params: list[torch.Tensor], weight_decay: float, stacked_dims: int) -> list[dict]:
-    """stacked_dims: leading model dimensions (1 for a StackedModels' tensors)."""
-    decay = [p for p in params if p.ndim - stacked_dims > 1]
-    no_decay = [p for p in params if p.ndim - stacked_dims <= 1]
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+# What both trainers share (the schedule, parameter groups, precision, NonFiniteLossError,
+# default_device, the checkpoint format) is in common.py; compute_dtype and default_device
+# stay importable from here (stages/train.py, structinit.default_device).
 
 
 class BatchAugmentation:
@@ -106,26 +75,6 @@ def _epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Gener
     return torch.Generator(device=device).manual_seed(seed * 1_000_003 + epoch)
 
 
-def compute_dtype(cfg: TrainConfig, device: torch.device, model: torch.nn.Module | None = None) -> str:
-    """What the step computes in: "bf16" (autocast) or "fp32". amp='auto': bf16 on CUDA (the
-    paper trains with mixed precision) and on CPUs with native bf16 instructions (AVX512-BF16
-    or AMX: 2x the digits trainer's fp32 rate on Zen 4, benchmarks/trainer_speed.py), unless
-    `model` has BatchNorm (the CPU kernel takes no bf16 input with fp32 statistics); fp32 on
-    other CPUs, where bf16 is emulated and slower than fp32. 'bf16' everywhere; 'off': fp32."""
-    if cfg.amp == "auto":
-        if device.type == "cuda":
-            return "bf16"
-        has_batchnorm = model is not None and any(
-            isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
-        return "bf16" if device.type == "cpu" and cpu_has_native_bf16() and not has_batchnorm else "fp32"
-    return "bf16" if cfg.amp == "bf16" else "fp32"
-
-
-def autocast(cfg: TrainConfig, device: torch.device):
-    """The autocast context of compute_dtype(cfg, device)."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=compute_dtype(cfg, device) == "bf16")
-
-
 @torch.no_grad()
 def evaluate(model, images: torch.Tensor, labels: torch.Tensor, *, augmentation: BatchAugmentation,
              cfg: TrainConfig, device: torch.device, batch_size: int = 1024) -> dict:
@@ -141,9 +90,6 @@ def evaluate(model, images: torch.Tensor, labels: torch.Tensor, *, augmentation:
     model.train()
     n = len(labels)
     return {"test_loss": loss_sum.item() / n, "test_acc": correct.item() / n}
-
-
-CHECKPOINT_FORMAT = 3      # 3: one file per call, every model's state (2: one file per model)
 
 
 @dataclasses.dataclass(eq=False)                  # identity: runs.index(run) finds this run
@@ -246,12 +192,8 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
     refuse_batchnorm(models, ctx.world_size)
     checkpoint = Path(checkpoint_path) if checkpoint_path else None
     fingerprints = fingerprints or [None] * len(models)
-    dtype = compute_dtype(cfg, device, models[0])
-    runs = [_Run(m.to(device), c,
-                 json.loads(json.dumps({"config": dataclasses.asdict(c), "compute_dtype": dtype,
-                                        "checkpoint_format": CHECKPOINT_FORMAT, **(f or {})}, default=str)))
-            for m, c, f in zip(models, cfgs, fingerprints)]
-    cfg = dataclasses.replace(cfg, amp="bf16" if dtype == "bf16" else "off")   # amp='auto' resolved, once
+    cfg, dtype = resolve_amp(cfg, device, models[0])                          # amp='auto' resolved, once
+    runs = [_Run(m.to(device), c, checkpoint_fingerprint(c, dtype, f)) for m, c, f in zip(models, cfgs, fingerprints)]
     # Rank 0 restores first (and moves a damaged checkpoint aside), then the others read what
     # it left, so that every process starts from the same epoch.
     if ctx.is_main:
@@ -333,38 +275,22 @@ def _train_epochs(group: _StackedGroup, epochs: range, setup: _Setup) -> None:
 
 def _restore(runs: list[_Run], checkpoint: Path | None, device: torch.device, announce: bool) -> None:
     """Resume every run from `checkpoint` if it is sound and was written for exactly these
-    runs' configurations; a damaged one is discarded (renamed *.corrupt), never resumed from,
-    and every run starts afresh. announce: say so (rank 0)."""
-    say = print if announce else (lambda *_: None)
-    if checkpoint is None or not checkpoint.exists():
-        return
-    try:
-        state = load_checked(checkpoint, "a training checkpoint", map_location=device)
-        if not isinstance(state, dict) or state.get("fingerprints") != [r.fingerprint for r in runs]:
-            say(f"ignoring {checkpoint}: it was written for a different configuration")
-            return
-        backups = [{k: v.clone() for k, v in r.model.state_dict().items()} for r in runs]
-        try:
-            restored = []
-            for run, saved in zip(runs, state["models"], strict=True):
-                run.model.load_state_dict(saved["model"])
-                if len(saved["history"]) != state["epoch"] + 1 or not isinstance(saved["optimizer"], dict):
-                    raise KeyError("history/epoch/optimizer")
-                restored.append((saved["history"], saved["optimizer"]))
-        except (KeyError, RuntimeError, TypeError, ValueError) as e:
-            for run, backup in zip(runs, backups):
-                run.model.load_state_dict(backup)
-            raise CorruptFileError(f"{checkpoint} (a training checkpoint) is not a sound "
-                                   f"checkpoint of these models: {str(e).splitlines()[0]}") from None
-    except CorruptFileError as e:
-        bad = checkpoint.with_name(checkpoint.name + ".corrupt")
-        checkpoint.replace(bad)
-        say(f"discarding an unusable checkpoint ({e}); moved to {bad}; "
-            "every model trains from its first epoch")
-        return
-    for run, (history, optimizer) in zip(runs, restored):
+    runs' configurations (common.restore_checkpoint); otherwise every run starts afresh.
+    announce: say so (rank 0)."""
+    def load(state: dict) -> list[tuple[list, dict]]:
+        restored = []
+        for run, saved in zip(runs, state["models"], strict=True):
+            run.model.load_state_dict(saved["model"])
+            if len(saved["history"]) != state["epoch"] + 1 or not isinstance(saved["optimizer"], dict):
+                raise KeyError("history/epoch/optimizer")
+            restored.append((saved["history"], saved["optimizer"]))
+        return restored
+
+    restored = restore_checkpoint(checkpoint, "fingerprints", [r.fingerprint for r in runs], load,
+                                  modules=[r.model for r in runs], device=device, announce=announce,
+                                  epochs_done=lambda restored: len(restored[0][0]), epochs=runs[0].cfg.epochs)
+    for run, (history, optimizer) in zip(runs, restored or []):
         run.history, run.optimizer = history, optimizer
-    say(f"resuming from {checkpoint} after epoch {runs[0].epochs_done}/{runs[0].cfg.epochs}")
 
 
 def _stacked_adamw(stack: StackedModels, states: list[dict | None], cfg: TrainConfig,
@@ -426,13 +352,13 @@ def _evaluate_stacked(stack: StackedModels, images, labels, *, augmentation: Bat
 
 
 def _stop_if_nonfinite(first_bad_step: torch.Tensor, seeds: list[int], epoch: int,
-                       steps_per_epoch: int) -> None:
+                       n_steps: int) -> None:
     bad = [(seed, step) for seed, step in zip(seeds, first_bad_step.tolist()) if step >= 0]
     if bad:
         seed, step = bad[0]
         raise NonFiniteLossError(
             f"training loss or gradient of seed {seed} became NaN or inf at epoch {epoch + 1}, step {step + 1} of "
-            f"{steps_per_epoch} (global step {epoch * steps_per_epoch + step + 1}); this cell has "
+            f"{n_steps} (global step {epoch * n_steps + step + 1}); this cell has "
             f"failed{' (also seeds ' + str([s for s, _ in bad[1:]]) + ')' if len(bad) > 1 else ''}"
             " and nothing after its last finished epoch was written. Lower the lr or check the data.")
 
@@ -444,9 +370,8 @@ def _train_epoch(group: _StackedGroup, epoch: int, setup: _Setup) -> list[dict]:
     cfg, device, ctx = setup.cfg, setup.device, setup.ctx
     stack, chunked, opt, seeds = group.stack, group.chunked, group.opt, group.seeds
     train_x, train_y, batch_size = setup.train_x, setup.train_y, setup.batch_size
-    steps_per_epoch = len(train_y) // batch_size      # drop the ragged tail: static shapes
-    total_steps = steps_per_epoch * cfg.epochs
-    warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
+    n_steps = steps_per_epoch(len(train_y), batch_size)      # drop the ragged tail: static shapes
+    total_steps, warmup_steps = schedule_steps(cfg, n_steps)
     gens = [_epoch_generator(seed, epoch, device) for seed in seeds]
     orders = [torch.randperm(len(train_y), device=device, generator=g) for g in gens]
     loss_sum = torch.zeros(stack.n, device=device)
@@ -454,14 +379,14 @@ def _train_epoch(group: _StackedGroup, epoch: int, setup: _Setup) -> list[dict]:
     first_bad_step = torch.full((stack.n,), -1, device=device, dtype=torch.long)  # per model
     # A NaN/inf loss ends the cell. On CPU a check per step costs nothing; on a GPU it would be
     # a host sync per step, so there the device-side record is checked at the end of the epoch.
-    check_every = 1 if device.type == "cpu" else steps_per_epoch
+    check_every = 1 if device.type == "cpu" else n_steps
     params = list(stack.trainable().values())
-    bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}/{cfg.epochs}",
+    bar = tqdm(range(n_steps), desc=f"epoch {epoch + 1}/{cfg.epochs}",
                disable=not setup.progress, leave=False, mininterval=1.0)
 
     def batch(i):
         """Each model's batch i, drawn from its own generator, in order, as it would be alone."""
-        if i == steps_per_epoch:
+        if i == n_steps:
             return None
         rows = [order[i * batch_size:(i + 1) * batch_size] for order in orders]
         x = torch.stack([setup.augmentation.augment(train_x[r], g) for r, g in zip(rows, gens)])  # (N, B, C, H, W)
@@ -474,7 +399,7 @@ def _train_epoch(group: _StackedGroup, epoch: int, setup: _Setup) -> list[dict]:
     local_rows = slice(ctx.rank * local_batch, (ctx.rank + 1) * local_batch)
     upcoming = batch(0)
     for i in bar:
-        step = epoch * steps_per_epoch + i
+        step = epoch * n_steps + i
         for group in opt.param_groups:
             group["lr"] = lr_at(step, total_steps, warmup_steps, cfg)
         x, y = upcoming
@@ -494,11 +419,11 @@ def _train_epoch(group: _StackedGroup, epoch: int, setup: _Setup) -> list[dict]:
         bad = ~torch.isfinite(batch_loss_sum) | ~torch.isfinite(grad_norms)
         first_bad_step = torch.where((first_bad_step < 0) & bad, i, first_bad_step)
         if (i + 1) % check_every == 0:
-            _stop_if_nonfinite(first_bad_step, seeds, epoch, steps_per_epoch)
+            _stop_if_nonfinite(first_bad_step, seeds, epoch, n_steps)
         opt.step()
         loss_sum += batch_loss_sum
         correct += batch_correct
-    seen = steps_per_epoch * batch_size
+    seen = n_steps * batch_size
     if ctx.enabled:
         loss_sum, correct = ctx.sum(loss_sum), ctx.sum(correct)
     if device.type == "cuda":
