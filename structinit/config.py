@@ -1,4 +1,5 @@
-"""Option names of the structured init and the ConvMixer study, importable without torch.
+"""Option names and option types, importable without torch: the structured init's, the
+ConvMixer study's, and the RandAugment policy string of a training recipe.
 
 params.yaml's schema (pipeline/params.py) checks a file against these, and the modules that
 act on them import them from here: ConvMixer filter modes, pseudo-inputs, offset orders,
@@ -6,6 +7,9 @@ solvers, the structured init's solve options. (The training recipe is training/c
 initializer names are init/registry.py's.)
 """
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass
 
 FILTER_MODES = ("learned", "random", "impulse", "box")                # ConvMixer spatial filters
 PSEUDO_INPUTS = ("P", "U", "G", "A", "B")         # P sin-cos PE, U uniform, G gaussian, A=P+U, B=P+G
@@ -29,3 +33,30 @@ def check_kernel(kernel: int, patch_grid: tuple[int, int]) -> None:
     if kernel > side:
         raise ValueError(f"kernel={kernel} is larger than the {patch_grid[0]}x{patch_grid[1]} patch grid; "
                          f"allowed: odd sizes up to {side - (1 - side % 2)}")
+
+
+@dataclass(frozen=True)
+class RandAugmentPolicy:
+    magnitude: float = 9.0
+    magnitude_std: float = 0.5
+    num_layers: int = 2
+    prob: float = 0.5
+    increasing: bool = True
+
+    @classmethod
+    def parse(cls, spec: str) -> "RandAugmentPolicy":
+        """timm's config string, e.g. "rand-m9-mstd0.5-inc1" (keys m, mstd, n, p, inc)."""
+        parts = spec.split("-")
+        if parts[0] != "rand":
+            raise ValueError(f"randaugment={spec!r}: must start with 'rand', e.g. 'rand-m9-mstd0.5-inc1'")
+        kw = {}
+        names = {"m": "magnitude", "mstd": "magnitude_std", "n": "num_layers", "p": "prob", "inc": "increasing"}
+        for part in parts[1:]:
+            match = re.fullmatch(r"([a-z]+)([\d.]+)", part)
+            if not match or match[1] not in names:
+                raise ValueError(f"randaugment={spec!r}: unknown part {part!r}; known keys: {list(names)}")
+            key, val = names[match[1]], float(match[2])
+            kw[key] = int(val) if key == "num_layers" else bool(val) if key == "increasing" else val
+        if not kw.get("increasing", False):
+            raise ValueError(f"randaugment={spec!r}: only the increasing op set (inc1) is implemented")
+        return cls(**kw)

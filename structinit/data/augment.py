@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from structinit.training.config import RandAugmentPolicy
+from structinit.config import RandAugmentPolicy
 
 OPS = ("AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize", "SolarizeAdd",
        "Color", "Contrast", "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateX",

@@ -1,39 +1,13 @@
-"""TrainConfig: a training recipe (params.yaml's recipes.<dataset>.train), and the
-RandAugment policy string it may name. Torch-free: the params schema checks a file against it
+"""TrainConfig: a training recipe (params.yaml's recipes.<dataset>.train); the RandAugment
+policy string it may name is parsed by config.RandAugmentPolicy. Torch-free: the params schema checks a file against it
 before any stage imports torch."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from structinit.config import RandAugmentPolicy
+
 AMP_MODES = ("auto", "bf16", "off")
-
-
-@dataclass(frozen=True)
-class RandAugmentPolicy:
-    magnitude: float = 9.0
-    magnitude_std: float = 0.5
-    num_layers: int = 2
-    prob: float = 0.5
-    increasing: bool = True
-
-    @classmethod
-    def parse(cls, spec: str) -> "RandAugmentPolicy":
-        """timm's config string, e.g. "rand-m9-mstd0.5-inc1" (keys m, mstd, n, p, inc)."""
-        parts = spec.split("-")
-        if parts[0] != "rand":
-            raise ValueError(f"randaugment={spec!r}: must start with 'rand', e.g. 'rand-m9-mstd0.5-inc1'")
-        kw = {}
-        names = {"m": "magnitude", "mstd": "magnitude_std", "n": "num_layers", "p": "prob", "inc": "increasing"}
-        for part in parts[1:]:
-            match = re.fullmatch(r"([a-z]+)([\d.]+)", part)
-            if not match or match[1] not in names:
-                raise ValueError(f"randaugment={spec!r}: unknown part {part!r}; known keys: {list(names)}")
-            key, val = names[match[1]], float(match[2])
-            kw[key] = int(val) if key == "num_layers" else bool(val) if key == "increasing" else val
-        if not kw.get("increasing", False):
-            raise ValueError(f"randaugment={spec!r}: only the increasing op set (inc1) is implemented")
-        return cls(**kw)
 
 
 @dataclass

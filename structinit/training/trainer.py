@@ -33,7 +33,8 @@ from structinit.io import save_checked
 from structinit.training.common import (NonFiniteLossError, _decay_groups, autocast, checkpoint_fingerprint,
                                         default_device, lr_at, resolve_amp, restore_checkpoint, schedule_steps)
 from structinit.training.common import compute_dtype as compute_dtype   # re-exported: stages/train.py
-from structinit.training.config import RandAugmentPolicy, TrainConfig
+from structinit.config import RandAugmentPolicy
+from structinit.training.config import TrainConfig
 from structinit.training.cpu_chunks import ChunkedBackward, plan_cpu_chunks
 from structinit.training.distributed import DistributedContext, refuse_batchnorm
 from structinit.training.stacked import StackedModels, clip_grad_norm_per_model, set_grads
