@@ -27,7 +27,7 @@ from structinit.numerics import numerics_record
 from structinit.pipeline.build import CellModel, build_cell_model
 from structinit.pipeline.cells import parse_init, run_name, seed_dir
 from structinit.training.config import TrainConfig
-from structinit.training.distributed import DistributedContext, relaunch_under_torchrun, requested_micro_batch
+from structinit.distributed import DistributedContext, relaunch_under_torchrun, requested_micro_batch
 from structinit.training.steps import match_steps, steps_per_epoch, total_steps
 from structinit.training.trainer import compute_dtype, train_models
 

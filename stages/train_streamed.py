@@ -8,7 +8,7 @@ from structinit.data.imagenet import check_root_matches, imagenet_datasets, mani
 from structinit.data.specs import get_spec
 from structinit.io import load_checked
 from structinit.pipeline.cells import seed_dir
-from structinit.training.distributed import DistributedContext, requested_micro_batch
+from structinit.distributed import DistributedContext, requested_micro_batch
 from structinit.training.streamed import train_streamed
 
 

@@ -15,6 +15,7 @@ Where things are (one concern per folder):
     pipeline/     what the DVC stages share: params schema, cell names, a cell's model, verify
     config.py     the structured init's option names (torch-free, read by the params schema)
     io.py         atomic writes, checksummed files
+    distributed.py  torchrun / DDP: one cell on several processes (training and data sharding)
     numerics.py   what a CPU computes with (bf16, threads): facts only, nothing is changed
     errors.py     StructinitError, the base of every error with a message meant for users
 
@@ -55,8 +56,8 @@ LAZY_EXPORTS: dict[str, str] = {
     "train_model": "structinit.training.trainer",
     "train_models": "structinit.training.trainer",
 }
-_SUBPACKAGES = ("analysis", "config", "data", "errors", "init", "io", "models", "numerics", "pipeline",
-                "reporting", "training")
+_SUBPACKAGES = ("analysis", "config", "data", "distributed", "errors", "init", "io", "models", "numerics",
+                "pipeline", "reporting", "training")
 __all__ = list(LAZY_EXPORTS)
 
 

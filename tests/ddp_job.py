@@ -10,7 +10,7 @@ import sys
 import torch
 
 from structinit.training.config import TrainConfig
-from structinit.training.distributed import DistributedContext
+from structinit.distributed import DistributedContext
 from structinit.data.imagenet import imagenet_datasets, scan_imagenet
 from structinit.models import create_vit
 from structinit.training.streamed import train_streamed

@@ -10,7 +10,7 @@ import torch
 from ilsvrc_files import write_ilsvrc
 from structinit.training.config import TrainConfig
 from structinit.models import create_vit
-from structinit.training.distributed import DistributedContext, relaunch_under_torchrun, requested_processes
+from structinit.distributed import DistributedContext, relaunch_under_torchrun, requested_processes
 from structinit.data.imagenet import (ImageNetLayoutError, check_root_matches, imagenet_datasets, scan_imagenet,
                                  train_loader)
 

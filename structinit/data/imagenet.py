@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from structinit.data.specs import get_spec
-from structinit.training.distributed import DistributedContext
+from structinit.distributed import DistributedContext
 from structinit.errors import StructinitError
 
 SPLITS = ("train", "val")

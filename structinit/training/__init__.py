@@ -9,7 +9,6 @@
     stacked.py      N models of one architecture run as one (torch.func.vmap)
     cpu_chunks.py   CPU: a batch as one single-threaded chunk per core
     streamed.py     the streamed trainer (ImageNet: images decoded by workers)
-    distributed.py  torchrun / DDP: one cell on several processes
 
 Nothing is imported here: `structinit.training.config` stays importable without torch.
 """

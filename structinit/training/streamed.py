@@ -34,7 +34,7 @@ from structinit.io import save_checked
 from structinit.training.common import (NonFiniteLossError, autocast, checkpoint_fingerprint, lr_at, param_groups,
                                         resolve_amp, restore_checkpoint, schedule_steps)
 from structinit.training.config import TrainConfig
-from structinit.training.distributed import DistributedContext, refuse_batchnorm
+from structinit.distributed import DistributedContext, refuse_batchnorm
 from structinit.training.steps import steps_per_epoch
 
 

@@ -36,7 +36,7 @@ from structinit.training.common import compute_dtype as compute_dtype   # re-exp
 from structinit.config import RandAugmentPolicy
 from structinit.training.config import TrainConfig
 from structinit.training.cpu_chunks import ChunkedBackward, plan_cpu_chunks
-from structinit.training.distributed import DistributedContext, refuse_batchnorm
+from structinit.distributed import DistributedContext, refuse_batchnorm
 from structinit.training.stacked import StackedModels, clip_grad_norm_per_model, set_grads
 from structinit.training.steps import steps_per_epoch
 
