@@ -41,3 +41,17 @@ def test_forward_shape_any_grid():
 def test_bad_shapes_raise(kw, msg):
     with pytest.raises(ValueError, match=msg):
         small_vit(**kw)
+
+
+def test_the_public_names_of_the_previous_release_still_import():
+    """Users' notebooks import these from `structinit`; the restructure moved modules, not names."""
+    import subprocess
+    import sys
+
+    names = ["AttentionMaps", "attention_maps", "ImageData", "prepare_dataset", "stratified_subset", "DATASETS",
+             "get_spec", "METHODS", "ImpulseSolution", "InitRecord", "initialize", "solve_impulse_qk",
+             "FILTER_MODES", "VIT_T2_CIFAR", "create_convmixer", "create_vit", "TrainConfig", "default_device",
+             "train_model", "train_models"]
+    assert set(names) <= set(si.__all__)
+    code = f"from structinit import {', '.join(names)}, register_initializer; assert 'impulse' in METHODS"
+    subprocess.run([sys.executable, "-c", code], check=True)
