@@ -25,7 +25,7 @@ from structinit.config import FILTER_MODES, PSEUDO_INPUTS
 from structinit.data.specs import DATASETS, TRAIN_IMAGES
 from structinit.models import create_convmixer, create_vit
 from structinit.pipeline.params import load_params
-from structinit.reporting.tables import PAPER_HEADS_WIDTH_INITS, PAPER_MAIN
+from structinit.reporting.paper import HEADS_WIDTH_INITS as PAPER_HEADS_WIDTH_INITS, MAIN as PAPER_MAIN
 
 # The grid priced is the paper's, whatever params.yaml's grid trims it to (its default runs
 # the same five initializers on digits only), so the counts come from the paper's tables.

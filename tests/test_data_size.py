@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from stages.common import load_params
-from stages.study_report import data_size
+from structinit.reporting.study_reports import data_size
 from stages.train import data_size_cell
 from structinit import stratified_subset
 from structinit.reporting import stats
@@ -182,7 +182,7 @@ def test_near_chance_reference_gets_a_generated_caveat():
     report says so, and says nothing when the reference trained."""
     import pandas as pd
 
-    from stages.study_report import near_chance_caveat
+    from structinit.reporting.study_reports import near_chance_caveat
 
     stuck = pd.DataFrame({"dataset": ["digits"] * 4, "init": ["trunc_normal"] * 2 + ["mimetic"] * 2,
                           "size": ["144 (10 %)", "1,437 (100 %)"] * 2, "acc": [15.0, 12.0, 80.0, 90.0]})

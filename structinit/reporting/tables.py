@@ -17,16 +17,7 @@ from structinit.pipeline.cells import impulse_init
 from structinit.reporting.stats import Comparison, compare_all, summarize
 from structinit.reporting.presentation import init_label
 
-# The paper's main table (method page, section 7), top-1 %, single runs: ViT-T/2 for 200
-# epochs on the 32x32 sets, ViT-T/16 for 300 epochs on ImageNet-1K.
-PAPER_MAIN = {
-    "kaiming_uniform": {"cifar10": 86.36, "cifar100": 63.50, "svhn": 94.51, "imagenet": 74.11},
-    "trunc_normal": {"cifar10": 88.63, "cifar100": 66.50, "svhn": 93.20, "imagenet": 73.42},
-    "mimetic": {"cifar10": 91.16, "cifar100": 70.40, "svhn": 97.53, "imagenet": 74.34},
-    "impulse3": {"cifar10": 91.62, "cifar100": 68.81, "svhn": 97.21, "imagenet": 74.24},
-    "impulse5": {"cifar10": 90.67, "cifar100": 70.46, "svhn": 97.23, "imagenet": 74.40},
-}
-PAPER_DATASETS = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "svhn": "SVHN", "imagenet": "ImageNet-1K"}
+from structinit.reporting import paper
 def paper_block(title: str, table: dict, columns: dict, note: str = "", row_label=None) -> str:
     """The paper's published numbers as a markdown block, headed as the paper's, for a report
     to show beside (or, on datasets the paper did not use, below) what ran.
@@ -42,8 +33,8 @@ def paper_block(title: str, table: dict, columns: dict, note: str = "", row_labe
 def paper_main_block(inits=None, note: str = "") -> str:
     """The paper's main table (all four datasets) for the given initializers (default all);
     `note`: a report's own words about it, after the standard ones."""
-    inits = [i for i in (inits or PAPER_MAIN) if i in PAPER_MAIN]
-    return paper_block("main table (top-1 %)", {i: PAPER_MAIN[i] for i in inits}, PAPER_DATASETS,
+    inits = [i for i in (inits or paper.MAIN) if i in paper.MAIN]
+    return paper_block("main table (top-1 %)", {i: paper.MAIN[i] for i in inits}, paper.DATASETS,
                        "Published single runs, no error bars: ViT-T/2, 200 epochs on the 32×32 sets; "
                        "ViT-T/16, 300 epochs on ImageNet-1K. Labelled as the paper's, not re-run here."
                        + (f" {note}" if note else ""))
@@ -76,13 +67,13 @@ def main_table(runs: pd.DataFrame, datasets: list[str], inits: list[str], ours: 
             if base is not None and init != "trunc_normal":
                 entry += f" ({s['mean'] - base:+.2f})"
             row += [entry, _ci(s), int(s["n"])]
-            if ds in PAPER_DATASETS:                  # side by side; elsewhere paper_main_block
-                paper = PAPER_MAIN.get(init, {}).get(ds)
-                row.append(f"{paper:.2f}" if paper is not None else "—")
+            if ds in paper.DATASETS:                  # side by side; elsewhere paper_main_block
+                quoted = paper.MAIN.get(init, {}).get(ds)
+                row.append(f"{quoted:.2f}" if quoted is not None else "—")
         rows.append(row)
     headers = ["Method"] + [h for ds in datasets
                             for h in (f"{ds}: ours", "95% CI", "n")
-                            + ((f"{ds}: paper",) if ds in PAPER_DATASETS else ())]
+                            + ((f"{ds}: paper",) if ds in paper.DATASETS else ())]
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
@@ -136,34 +127,16 @@ def summary(runs: pd.DataFrame, datasets: list[str], inits: list[str], ours: str
 
 # --- "What ran": how a run departs from the paper ------------------------------------------
 
-# Recipe keys that change no result (how the run is scheduled, not what it computes).
-_NOT_RECIPE = ("amp", "eval_every", "cpu_chunks", "seed")
 # Where the paper's recipe flattens out on digits: `python -m benchmarks.epochs` (README).
 DIGITS_EPOCHS_TO_CONVERGE = 80
 
 
-# The official ImageNet-1K command (timm train.py; method page, section 5, and the official
-# README): what differs from TrainConfig's defaults (the small-data recipe), and ViT-T/16.
-PAPER_IMAGENET_TRAIN = {"epochs": 300, "batch_size": 4096, "lr": 0.004, "lr_batch_size": 4096,
-                        "min_lr": 0.0, "warmup_epochs": 50, "weight_decay": 0.05, "adam_eps": 1e-8,
-                        "grad_clip": None, "mixup": 1.0, "cutmix": 0.8, "random_erasing": 0.25}
-PAPER_IMAGENET_MODEL = {"patch_size": 16, "embed_dim": 192, "depth": 12, "num_heads": 3}
-
-
 def recipe_departures(rec: dict, dataset: str | None = None) -> list[str]:
-    """How a dataset's recipe departs from the paper's (TrainConfig's defaults and ViT-T/2;
-    on ImageNet-1K the official ImageNet command and ViT-T/16)."""
-    import dataclasses
-
-    from structinit.training.config import TrainConfig
-    from structinit.models.vit import VIT_T2_CIFAR
-
-    paper = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-    paper_model = VIT_T2_CIFAR
-    if dataset == "imagenet":
-        paper, paper_model = {**paper, **PAPER_IMAGENET_TRAIN}, PAPER_IMAGENET_MODEL
-    out = [f"{k} {v} (paper {paper[k]})" for k, v in rec["train"].items()
-           if k in paper and k not in _NOT_RECIPE and v != paper[k]]
+    """How a dataset's recipe departs from the paper's on that dataset (paper.recipe_of: the
+    small-data recipe and ViT-T/2; on ImageNet-1K the official ImageNet command and ViT-T/16)."""
+    paper_train, paper_model = paper.recipe_of(dataset)
+    out = [f"{k} {v} (paper {paper_train[k]})" for k, v in rec["train"].items()
+           if k in paper_train and v != paper_train[k]]
     model = {k: v for k, v in rec["model"].items() if paper_model.get(k, v) != v}
     if model:
         out.append("model " + ", ".join(f"{k} {v} (paper {paper_model[k]})" for k, v in model.items()))
@@ -206,25 +179,12 @@ def what_ran(params: dict, datasets, seeds, extra: str = "", vit: bool = True) -
 
 # --- the paper's other studies (method page, sections 6-7) ------------------------------
 
-# ConvMixer on CIFAR-10 (secondary quotes): size -> mode -> top-1 %.
-PAPER_CONVMIXER = {"cm512d6k3": {"learned": 92.82, "random": 92.2, "impulse": 92.2},
-                   "cm256d8k3": {"learned": 91.76}}
-# CIFAR-100 by shape (secondary quotes): shape -> init -> top-1 %.
-PAPER_HEADS_WIDTH_INITS = ("trunc_normal", "mimetic", "impulse3")   # the paper's heads/width columns
-PAPER_HEADS_WIDTH = {"vit_s_h6": {"trunc_normal": 66.81, "mimetic": 73.86, "impulse3": 75.97},
-                     "vit_s_h16": {"trunc_normal": 67.25, "mimetic": 72.72, "impulse3": 75.40}}
-# CIFAR-10 pseudo-input ablation, run with the 3x3 structured init whatever the study's kernel:
-# variant -> init -> top-1 %; only PE for every layer with shared Q/K is quoted.
-PAPER_PSEUDO_INPUT_INIT = impulse_init(3)
-PAPER_PSEUDO_INPUT = {"PP": {PAPER_PSEUDO_INPUT_INIT: 90.75}}
-
-
 def study_table(runs: pd.DataFrame, row_key: str, col_key: str, *, rows: list, cols: list,
-                paper: dict | None = None, paper_dataset: str | None = None,
+                quoted: dict | None = None, paper_dataset: str | None = None,
                 row_label=str, col_label=str) -> str:
     """Per dataset, one line per (`row_key`, `col_key`) value: mean ± std, 95 % CI, n, and, when
-    `paper_dataset` ran, a "paper" column with the paper's number on it (else the report shows
-    the paper's numbers in a block of their own: paper_block)."""
+    `paper_dataset` ran, a "paper" column with the paper's number (`quoted`: row -> col -> %)
+    on it (else the report shows the paper's numbers in a block of their own: paper_block)."""
     stats = seed_stats(runs, keys=("dataset", row_key, col_key))
     side_by_side = paper_dataset in set(runs.dataset)
     out = []
@@ -234,10 +194,10 @@ def study_table(runs: pd.DataFrame, row_key: str, col_key: str, *, rows: list, c
                 s = stats.loc[(ds, r, c)]
                 out.append([ds, row_label(r), col_label(c), _fmt(s), _ci(s), int(s["n"])])
                 if side_by_side:
-                    ref = (paper or {}).get(r, {}).get(c) if ds == paper_dataset else None
+                    ref = (quoted or {}).get(r, {}).get(c) if ds == paper_dataset else None
                     out[-1].append(f"{ref:.2f}" if ref is not None else "—")
     headers = ["dataset", row_key, col_key, "test acc %", "95% CI", "n"]
-    return tabulate(out, headers=headers + ([f"paper ({PAPER_DATASETS[paper_dataset]})"] if side_by_side else []),
+    return tabulate(out, headers=headers + ([f"paper ({paper.DATASETS[paper_dataset]})"] if side_by_side else []),
                     tablefmt="github", disable_numparse=True)
 
 
@@ -255,10 +215,6 @@ def pairwise_comparisons(runs: pd.DataFrame, group_key: str, within: str | None 
 
 
 # --- the data-size study ------------------------------------------------------------------
-
-# Training images of the paper's datasets: its only evidence on size is across these columns.
-PAPER_TRAIN_IMAGES = {"cifar10": 50_000, "cifar100": 50_000, "svhn": 73_257, "imagenet": 1_281_167}
-
 
 def size_label(images: int, fraction: float) -> str:
     """"144 (10 %)": training images and their share of the main grid's training set."""
@@ -282,9 +238,9 @@ def paper_gaps(inits, reference: str = "trunc_normal") -> str:
     """The paper's difference to `reference` per dataset, with each dataset's training images."""
     parts = []
     for init in inits:
-        if init == reference or init not in PAPER_MAIN:
+        if init == reference or init not in paper.MAIN:
             continue
-        gaps = ", ".join(f"{PAPER_DATASETS[d]} ({PAPER_TRAIN_IMAGES[d]:,} images) "
-                         f"{PAPER_MAIN[init][d] - PAPER_MAIN[reference][d]:+.2f}" for d in PAPER_DATASETS)
+        gaps = ", ".join(f"{paper.DATASETS[d]} ({paper.TRAIN_IMAGES_OF[d]:,} images) "
+                         f"{paper.MAIN[init][d] - paper.MAIN[reference][d]:+.2f}" for d in paper.DATASETS)
         parts.append(f"{init_label(init)} − {init_label(reference)}: {gaps}")
     return "; ".join(parts)

@@ -3,7 +3,7 @@ seeds with its 95 % t-interval (the tables' "95% CI"), and each seed as a dot. O
 dataset; the x axis is the number of training images (log scale), ticked at the sizes that
 ran, with their share of the main grid's training set.
 
-Input: the data-size report's cells (stages/study_report.py): one row per run with dataset,
+Input: the data-size report's cells (structinit/reporting/study_reports.py): one row per run with dataset,
 init, train_images, fraction, acc (%), steps.
 """
 from __future__ import annotations
