@@ -1,65 +1,139 @@
-"""How many epochs the paper's recipe needs on the embedded default (digits).
+"""How many epochs the paper's recipe needs on the embedded default (digits): the evidence
+behind `recipes.digits.train.epochs`.
 
-    python -m benchmarks.epochs [--epochs 20 50 100] [--seeds 0 1] [--inits ...]
+    python -m benchmarks.epochs                      # budgets 40 80 160, seeds 0 1 2, every arm
+    python -m benchmarks.epochs --budgets 10 20 --seeds 0 1 2 --inits trunc_normal impulse3
 
-Trains the digits recipe of params.yaml (the paper's optimizer, eps, schedule shape,
-clipping, label smoothing, weight decay) for each epoch budget, warm-up kept at 5 % of it,
-cosine to the end of *that* budget (so each budget is a complete run, not a prefix of a
-longer one). Prints final-epoch test accuracy (mean ± std over seeds) per initializer and
-budget, and the test accuracy every 10 epochs of the longest budget. The seeds of one
-(initializer, budget) train stacked, as the pipeline's cells do.
+Trains the digits recipe of params.yaml (the paper's optimizer, eps, clipping, label
+smoothing, weight decay) at each epoch budget as a complete run: warm-up 5 % of the budget
+(the paper's 10 of 200), cosine to min_lr at the end of *that* budget, warm-up replacing the
+cosine's start (`warmup_prefix: false`, the paper's timm default; `--warmup-prefix` for the
+other). Every arm and seed of a budget trains stacked in one call; an arm at one seed is the
+same initial model at every budget.
+
+Criterion (issue 26): a budget B is converged when doubling it moves no arm's mean final
+accuracy by more than `--tolerance` points (1 by default). Writes benchmarks/epochs.csv (test
+accuracy every 10 epochs and at the end, per arm, budget and seed) and benchmarks/epochs.md
+(the tables and the verdict, what the README quotes); prints the same.
 """
+from __future__ import annotations
+
 import argparse
 import statistics
+import time
+from pathlib import Path
 
+import pandas as pd
 import torch
 import yaml
 from tabulate import tabulate
 
 from structinit import TrainConfig, initialize, prepare_dataset, train_models
+from structinit.numerics import cpu_model
 from structinit.pipeline.build import build_model
 from structinit.pipeline.cells import parse_init
+from structinit.reporting.budget import budget_finals, converged_budget, doubling_moves
+from structinit.reporting.presentation import init_label
+
+ARMS = ["kaiming_uniform", "trunc_normal", "mimetic", "mimetic_qk", "impulse3", "impulse5"]
 
 
-def run(data, rec, init, epochs, seeds):
-    """One curve [(epoch, test acc %)] per seed, the seeds trained stacked."""
+def budget_config(train: dict, epochs: int, warmup_prefix: bool) -> dict:
+    """The digits recipe at `epochs`: warm-up 5 % of it (at least 1), as the paper's 10 of 200."""
+    return dict(train, epochs=epochs, warmup_epochs=max(1, round(0.05 * epochs)),
+                warmup_prefix=warmup_prefix, eval_every=10)
+
+
+def run_budget(data, rec: dict, arms: list[str], seeds: list[int], epochs: int, warmup_prefix: bool) -> pd.DataFrame:
+    """Every (arm, seed) at one budget, stacked: one row per evaluated epoch."""
+    pairs = [(arm, seed) for arm in arms for seed in seeds]
     models = []
-    for seed in seeds:
+    for arm, seed in pairs:
         models.append(build_model(rec["model"], data.spec))
-        method, kernel = parse_init(init)
+        method, kernel = parse_init(arm)
         initialize(models[-1], method, seed=seed, **({"kernel": kernel} if kernel else {}))
-    train = dict(rec["train"], epochs=epochs, warmup_epochs=max(1, round(0.05 * epochs)), eval_every=10)
-    hists = train_models(models, data, [TrainConfig(**train, seed=seed) for seed in seeds], progress=False)
-    return [[(h["epoch"], 100 * h["test_acc"]) for h in hist if "test_acc" in h] for hist in hists]
+    train = budget_config(rec["train"], epochs, warmup_prefix)
+    hists = train_models(models, data, [TrainConfig(**train, seed=seed) for _, seed in pairs], progress=False)
+    return pd.DataFrame([{"dataset": "digits", "init": arm, "budget": epochs, "seed": seed, "epoch": h["epoch"],
+                          "test_acc": round(100 * h["test_acc"], 3)}
+                         for (arm, seed), hist in zip(pairs, hists) for h in hist if "test_acc" in h])
+
+
+def doubling_table(final: pd.DataFrame, tolerance: float) -> list[list]:
+    """One row per budget B whose double also ran: each arm's move, the largest, within?"""
+    rows = []
+    for b, moves in doubling_moves(final).items():
+        worst = max(moves, key=lambda i: abs(moves[i]))
+        rows.append([f"{b} → {2 * b}", ", ".join(f"{init_label(i)} {m:+.2f}" for i, m in moves.items()),
+                     f"{init_label(worst)} {moves[worst]:+.2f}", "yes" if abs(moves[worst]) <= tolerance else "no"])
+    return rows
+
+
+def report(curves: pd.DataFrame, tolerance: float, seeds: list[int], warmup_prefix: bool, cpu: str) -> str:
+    final = budget_finals(curves)
+    budgets = sorted(final.budget.unique())
+    arms = list(dict.fromkeys(curves.init))         # the order they ran in
+
+    def fmt(v):
+        return f"{statistics.mean(v):.2f} ± {statistics.stdev(v):.2f}" if len(v) > 1 else f"{v[0]:.2f}"
+    table = tabulate([[init_label(i)] + [fmt(final[(final.init == i) & (final.budget == b)].test_acc.tolist())
+                                         for b in budgets] for i in arms],
+                     headers=["init"] + [f"{b} epochs" for b in budgets], tablefmt="github")
+    rows, chosen = doubling_table(final, tolerance), converged_budget(final, tolerance)
+    moves = tabulate(rows, headers=["budget", "mean move per arm (points)", "largest", f"within {tolerance:g}?"],
+                     tablefmt="github")
+    longest = curves[curves.budget == budgets[-1]]
+    epochs = sorted(longest.epoch.unique())
+    during = tabulate([[init_label(i)] + [f"{longest[(longest.init == i) & (longest.epoch == e)].test_acc.mean():.1f}"
+                                          for e in epochs] for i in arms],
+                      headers=["init"] + [str(e) for e in epochs], tablefmt="github")
+    verdict = (f"**Converged budget: {chosen} epochs** (the smallest budget whose double moves no arm's "
+               f"mean by more than {tolerance:g} point)." if chosen is not None else
+               f"**No budget here is converged** by the criterion (no doubling within {tolerance:g} point).")
+    return (f"#### Epoch budget on digits (`python -m benchmarks.epochs`)\n\n"
+            f"Final-epoch test accuracy (%), mean ± std over seeds {seeds} (n = {len(seeds)}); each budget a "
+            f"complete run (warm-up 5 % of it, cosine to its end, warmup_prefix {warmup_prefix}); "
+            f"{cpu}.\n\n{table}\n\nDoubling the budget:\n\n{moves}\n\n{verdict}\n\n"
+            f"Test accuracy during the {budgets[-1]}-epoch runs (mean over seeds):\n\n{during}\n")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--epochs", type=int, nargs="+", default=[20, 50, 100])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--inits", nargs="+", default=["kaiming_uniform", "trunc_normal", "mimetic", "impulse3"])
+    ap.add_argument("--budgets", type=int, nargs="+", default=[40, 80, 160])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--inits", nargs="+", default=ARMS)
+    ap.add_argument("--warmup-prefix", action="store_true", help="cosine from the end of warm-up (not the paper's)")
+    ap.add_argument("--tolerance", type=float, default=1.0, help="points a doubling may move an arm's mean")
+    ap.add_argument("--out", default="benchmarks/epochs", help="writes <out>.csv and <out>.md")
+    ap.add_argument("--report-only", action="store_true",
+                    help="train nothing: rewrite <out>.md from <out>.csv (this machine's CPU named)")
     a = ap.parse_args()
+    if a.report_only:
+        curves = pd.read_csv(f"{a.out}.csv")
+        text = report(curves, a.tolerance, sorted(curves.seed.unique().tolist()), a.warmup_prefix,
+                      f"{cpu_model()}, {torch.get_num_threads()} threads")
+        Path(f"{a.out}.md").write_text(text)
+        print(text)
+        return
+    if len(a.seeds) < 3:
+        ap.error(f"--seeds {a.seeds}: the criterion needs at least 3 seeds")
     with open("params.yaml") as f:
         rec = yaml.safe_load(f)["recipes"]["digits"]
-    torch.set_num_threads(torch.get_num_threads())
     data = prepare_dataset("digits")
-    final, curves = {}, {}
-    for e in a.epochs:
-        for init in a.inits:
-            for seed, curve in zip(a.seeds, run(data, rec, init, e, a.seeds)):
-                final.setdefault((init, e), []).append(curve[-1][1])
-                if e == max(a.epochs):
-                    curves.setdefault(init, []).append(curve)
-                print(f"{init} {e} epochs seed {seed}: {curve[-1][1]:.2f}", flush=True)
-    fmt = lambda v: f"{statistics.mean(v):.2f} ± {statistics.stdev(v):.2f}" if len(v) > 1 else f"{v[0]:.2f}"  # noqa: E731
-    print(f"\nfinal-epoch test accuracy %, seeds {a.seeds}")
-    print(tabulate([[init] + [fmt(final[(init, e)]) for e in a.epochs] for init in a.inits],
-                   headers=["init"] + [f"{e} epochs" for e in a.epochs], tablefmt="github"))
-    longest = max(a.epochs)
-    epochs = [ep for ep, _ in curves[a.inits[0]][0]]
-    print(f"\ntest accuracy % during the {longest}-epoch runs (mean over seeds)")
-    print(tabulate([[init] + [f"{statistics.mean(c[i][1] for c in curves[init]):.1f}" for i in range(len(epochs))]
-                    for init in a.inits], headers=["init"] + [str(ep) for ep in epochs], tablefmt="github"))
+    frames = []
+    for b in sorted(a.budgets):
+        t0 = time.perf_counter()
+        frames.append(run_budget(data, rec, a.inits, a.seeds, b, a.warmup_prefix))
+        final = budget_finals(frames[-1])
+        print(f"{b} epochs ({time.perf_counter() - t0:.0f} s): " + ", ".join(
+            f"{init_label(i)} {g.test_acc.mean():.2f}" for i, g in final.groupby("init", sort=False)), flush=True)
+    curves = pd.concat(frames, ignore_index=True)
+    text = report(curves, a.tolerance, a.seeds, a.warmup_prefix,
+                  f"{cpu_model()}, {torch.get_num_threads()} threads")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    curves.to_csv(f"{a.out}.csv", index=False)
+    Path(f"{a.out}.md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", help="default: as many as grid.seeds, after the largest")
     ap.add_argument("--keep", action="store_true", help="keep the temporary copy (its path is printed)")
+    ap.add_argument("--out", default="benchmarks/replication.md", help="where the verdicts are written")
     a = ap.parse_args()
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     seeds = params["grid"]["seeds"]
@@ -82,19 +83,35 @@ def main():
             print(f"kept {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
+    text = replication_report(original, again, seeds, new)
+    Path(a.out).write_text(text)
+    print(text)
+
+
+def _stated(c: dict) -> str:
+    p = c.get("p_adjusted", c.get("p_holm"))
+    diff = c.get("diff", c["mean_a"] - c["mean_b"])
+    return f"{c['verdict']} ({diff:+.2f}, p={p:.2g}{', fragile' if c.get('fragile') else ''})"
+
+
+def replication_report(original: dict, again: dict, seeds: list, new: list) -> str:
+    """Each planned conclusion of the committed main table against the same test on new seeds."""
     after = {(c["family"], c["a"], c["b"]): c for c in again["conclusions"]}
     rows, stated, confirmed = [], 0, 0
     for c in original["conclusions"]:
-        d = after[(c["family"], c["a"], c["b"])]
+        d = after.get((c["family"], c["a"], c["b"]))
+        if d is None:
+            rows.append([c["family"], c.get("role", ""), f"{c['a']} vs {c['b']}", _stated(c), "not run", "—"])
+            continue
         v = verdict(c["verdict"], d["verdict"])
         stated += c["verdict"] != "~"
         confirmed += v == "confirmed"
-        rows.append([c["family"], f"{c['a']} vs {c['b']}",
-                     f"{c['verdict']} ({c['mean_a'] - c['mean_b']:+.2f}, p={c['p_holm']:.2g})",
-                     f"{d['verdict']} ({d['mean_a'] - d['mean_b']:+.2f}, p={d['p_holm']:.2g})", v])
-    print(f"seeds {seeds} (reports/) vs {new} (replication); {original['test']}")
-    print(tabulate(rows, headers=["dataset", "pair", "stated", "replication", "verdict"], tablefmt="github"))
-    print(f"confirmed: {confirmed} of {stated} stated differences")
+        rows.append([c["family"], c.get("role", ""), f"{c['a']} vs {c['b']}", _stated(c), _stated(d), v])
+    return (f"# Replication of the main table's planned conclusions (python -m benchmarks.replication)\n\n"
+            f"Seeds {seeds} (reports/) vs {new} (replication, disjoint). Test: {original['test']}.\n\n"
+            + tabulate(rows, headers=["dataset", "role", "contrast", "stated", "replication", "verdict"],
+                       tablefmt="github")
+            + f"\n\nconfirmed: {confirmed} of {stated} stated differences\n")
 
 
 if __name__ == "__main__":

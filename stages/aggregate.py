@@ -16,8 +16,12 @@ def main():
     ap.add_argument("--preopt", default="results/preopt")
     ap.add_argument("--reference", default="results/reference", help="reference_solve records")
     ap.add_argument("--out", default="reports")
+    ap.add_argument("--figures", default="reports/figures/main", help="the main figure, <dataset>.png")
+    ap.add_argument("--epoch-budgets", default="benchmarks/epochs.csv",
+                    help="the epoch benchmark's output, drawn beside the main figure where it has the dataset")
     a = ap.parse_args()
-    reports = main_reports(load_params(), Path(a.results), Path(a.preopt), Path(a.reference))
+    reports = main_reports(load_params(), Path(a.results), Path(a.preopt), Path(a.reference), Path(a.figures),
+                           Path(a.epoch_budgets))
     out = Path(a.out)
     for name, text in reports.texts.items():
         write_text(out / name, text)

@@ -5,7 +5,6 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 import yaml
@@ -92,20 +91,11 @@ def test_a_cell_draws_its_subset_within_the_main_grids_and_logs_its_steps(digits
 
 # --- statistics: does a gap change? ---------------------------------------------------------
 
-def test_difference_of_differences_matches_a_hand_computation():
-    a1, b1, a0, b0 = [50, 54, 52], [15, 16, 14], [30, 33, 27], [15, 14, 16]
-    v = [np.var(g, ddof=1) / 3 for g in (a1, b1, a0, b0)]
-    t = ((52 - 15) - (30 - 15)) / np.sqrt(sum(v))
-    dof = sum(v) ** 2 / sum(x ** 2 / 2 for x in v)
-    from scipy import stats as sps
-    assert stats.difference_of_differences_p(a1, b1, a0, b0) == pytest.approx(2 * sps.t.sf(t, dof))
-    assert np.isnan(stats.difference_of_differences_p([1], b1, a0, b0))
-
-
 def test_gap_changes_claim_only_what_the_test_supports():
-    groups = {("trunc_normal", "all"): [15, 16, 14], ("trunc_normal", "10 %"): [15, 14, 16],
-              ("impulse3", "all"): [30, 33, 27], ("impulse3", "10 %"): [50, 54, 52],
-              ("mimetic", "all"): [90, 91, 92], ("mimetic", "10 %"): [88, 93, 90]}
+    seeds = lambda values: dict(enumerate(values))  # noqa: E731
+    groups = {("trunc_normal", "all"): seeds([15, 16, 14]), ("trunc_normal", "10 %"): seeds([15, 14, 16]),
+              ("impulse3", "all"): seeds([30, 33, 27]), ("impulse3", "10 %"): seeds([50, 54, 52]),
+              ("mimetic", "all"): seeds([90, 91, 92]), ("mimetic", "10 %"): seeds([88, 93, 90])}
     changes = stats.compare_gap_changes(groups, reference="trunc_normal", base="all", family="digits")
     assert [(c.a, c.other, c.verdict) for c in changes] == [("impulse3", "10 %", ">"), ("mimetic", "10 %", "~")]
     lines = stats.gap_change_lines(changes)
@@ -119,6 +109,10 @@ def test_gap_changes_claim_only_what_the_test_supports():
 
 ACC = {"trunc_normal": {1.0: 15, 0.25: 15, 0.1: 15}, "mimetic": {1.0: 92, 0.25: 85, 0.1: 75},
        "impulse3": {1.0: 30, 0.25: 40, 0.1: 55}}
+# Per-seed noise with mean 0 over seeds 0-2 (the means stay ACC's), different per arm and
+# size, so paired differences have some spread to test.
+JITTER = {"trunc_normal": [0.2, -0.1, -0.1], "mimetic": [-0.3, 0.1, 0.2], "impulse3": [0.1, 0.3, -0.4]}
+SIZE_SIGN = {1.0: 1, 0.25: -1, 0.1: 2}
 
 
 def _fake_run(folder: Path, acc: float, images: int, epochs: int, train: dict):
@@ -139,7 +133,8 @@ def _fake_study(root: Path, params: dict, skip=None):
             cell = root / ("train" / Path(f"digits-{init}") if f == 1.0 else f"studies/data_size/digits-{f}-{init}")
             for seed in s["seeds"]:
                 if (cell.name, seed) != skip:
-                    _fake_run(cell / f"seed{seed}", ACC[init][f] + seed - 1, images, train["epochs"], train)
+                    acc = ACC[init][f] + seed - 1 + SIZE_SIGN[f] * JITTER[init][seed]
+                    _fake_run(cell / f"seed{seed}", acc, images, train["epochs"], train)
 
 
 @pytest.fixture
@@ -157,9 +152,12 @@ def test_report_states_sizes_steps_and_only_supported_conclusions(tmp_path, para
     assert "Steps held: digits 144 images (10 %): 220 epochs × 2 = 440 steps; digits 359 images (25 %): " \
            "88 epochs × 5 = 440 steps; digits 1,437 images (100 %): 20 epochs × 22 = 440 steps" in text
     row = [line for line in text.splitlines() if "| Imp.-3" in line and "| 144 images (10 %)" in line]
-    assert len(row) == 1 and "| 55.00 ± 1.00 " in row[0] and "| 3 " in row[0]
-    assert "- digits, 144 (10 %): **Mimetic > Trunc Normal** by 60.00 points" in text
-    assert "- digits, 1,437 (100 %): **Mimetic > Imp.-3** by 62.00 points" in text
+    assert len(row) == 1 and "| 55.00 ± " in row[0] and "| 3 " in row[0]
+    assert "- digits, 144 (10 %): Mimetic − Trunc Normal: +60.00 points, 95 % CI [" in text
+    assert "n = 3 paired: **Mimetic > Trunc Normal** (p Holm = " in text
+    # not planned (neither arm is the reference): described, no verdict
+    assert "- digits, 1,437 (100 %): Mimetic − Imp.-3: +62.00 points, 95 % CI [" in text
+    assert "Mimetic > Imp.-3" not in text
     gap = next(line for line in text.splitlines() if line.startswith("- digits, Imp.-3 − Trunc Normal"))
     assert "+15.00 points at 1,437 images (100 %)" in gap and "+40.00 at 144 images (10 %): **larger** by 25.00" in gap
     assert gap.endswith("The gap is larger at 359 images (25 %), 144 images (10 %) than at 1,437 images (100 %).")
@@ -190,3 +188,18 @@ def test_near_chance_reference_gets_a_generated_caveat():
         in near_chance_caveat(stuck)
     trained = stuck.assign(acc=[60.0, 70.0, 80.0, 90.0])
     assert near_chance_caveat(trained) == ""
+
+
+def test_a_study_switched_off_writes_how_to_bring_it_back(tmp_path, params):
+    """studies.<study>.datasets: [] is off: no runs are read, the report says so and names the
+    one -S that brings it back, and figures of an earlier run are removed."""
+    from structinit.reporting.study_reports import STUDY_REPORTS
+
+    params["studies"]["data_size"]["datasets"] = []
+    figures = tmp_path / "figs"
+    figures.mkdir()
+    (figures / "digits.png").write_bytes(b"stale")
+    text = STUDY_REPORTS["data_size"](params, tmp_path / "train", tmp_path / "studies", tmp_path / "out.md", figures)
+    assert "Not run in this configuration" in text
+    assert "dvc exp run -S 'studies.data_size.datasets=[digits]'" in text
+    assert not list(figures.glob("*.png"))

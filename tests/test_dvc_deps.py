@@ -97,12 +97,19 @@ def stages():
     return resolved_stages()
 
 
+def is_code(dep: str) -> bool:
+    """A dep on project code: a .py file or a folder under stages/, structinit/, benchmarks/
+    (benchmarks/epochs.csv is data: the epoch benchmark's output)."""
+    dep = dep.rstrip("/")
+    return dep.split("/")[0] in PACKAGES and (dep.endswith(".py") or "." not in Path(dep).name)
+
+
 def deps_problems(deps: list[str], needed: set[str]) -> tuple[list[str], list[str]]:
     """(missing, unused): the needed files no dep covers (a dep is a file or a folder), and the
     project-code deps that cover no needed file (data deps are not code: never unused)."""
     deps = [d.rstrip("/") for d in deps]
     missing = sorted(f for f in needed if not any(f == d or f.startswith(d + "/") for d in deps))
-    code = [d for d in deps if d.split("/")[0] in PACKAGES]
+    code = [d for d in deps if is_code(d)]
     unused = sorted(d for d in code if not any(f == d or f.startswith(d + "/") for f in needed))
     return missing, unused
 
@@ -223,8 +230,8 @@ def write_code_deps(path: Path = REPO / "dvc.yaml") -> None:
             j = i + 1
             data = []
             while j < len(lines) and lines[j].startswith(indent + "- "):
-                if lines[j].strip()[2:].split("/")[0] not in PACKAGES:
-                    data.append(lines[j])
+                if not is_code(lines[j].strip()[2:].split("#")[0].strip()):
+                    data.append(lines[j])          # data deps stay, benchmarks/epochs.csv included
                 j += 1
             out += [f"{indent}- {d}" for d in code_deps(script)] + data
             i = j

@@ -119,6 +119,24 @@ def test_mimetic_qk_is_identity_plus_noise():
     assert (vp + 0.4 * torch.eye(96)).std().item() == pytest.approx(0.4 / math.sqrt(96), rel=0.1)
 
 
+def test_mimetic_qk_arm_is_mimetic_qk_on_trunc_normal_v_proj():
+    """The confound arm: at one seed its Q/K are Mimetic's exactly, every other weight (V, proj,
+    MLP, ...) is Trunc Normal's exactly, so Mimetic - Mimetic Q/K isolates V/proj."""
+    arms = {}
+    for name in ("mimetic", "mimetic_qk", "trunc_normal"):
+        arms[name] = small_vit(embed_dim=96, num_heads=2, depth=2)
+        si.initialize(arms[name], name, seed=3)
+    state = {name: m.state_dict() for name, m in arms.items()}
+    for key, w in state["mimetic_qk"].items():
+        if key.endswith("attn.qkv.weight"):
+            assert torch.equal(w[:2 * 96], state["mimetic"][key][:2 * 96]), key        # Q/K: Mimetic's
+            assert torch.equal(w[2 * 96:], state["trunc_normal"][key][2 * 96:]), key   # V: Trunc Normal's
+        else:
+            assert torch.equal(w, state["trunc_normal"][key]), key
+    proj = "blocks.0.attn.proj.weight"
+    assert not torch.equal(state["mimetic"][proj], state["mimetic_qk"][proj])          # Mimetic sets proj
+
+
 def test_baseline_spreads():
     model = si.create_vit(img_size=32, patch_size=4, embed_dim=192, depth=2, num_heads=3,
                           num_classes=10)

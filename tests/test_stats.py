@@ -24,27 +24,67 @@ def test_holm_step_down():
     assert stats.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
 
 
-def test_welch_matches_a_hand_computation():
-    from scipy.stats import t as student
-    a, b = [1.0, 2.0, 3.0, 4.0], [3.0, 5.0, 7.0, 9.0]
-    va, vb = 5 / 3, 20 / 3                                  # sample variances
-    se2 = va / 4 + vb / 4
-    t = (2.5 - 6.0) / math.sqrt(se2)
-    df = se2 ** 2 / ((va / 4) ** 2 / 3 + (vb / 4) ** 2 / 3)  # Welch-Satterthwaite
-    assert stats.welch_p(a, b) == pytest.approx(2 * student.sf(abs(t), df), rel=1e-9)
-    assert math.isnan(stats.welch_p([1.0], b)) and math.isnan(stats.welch_p([2.0, 2.0], [2.0, 2.0]))
+def test_accuracy_intervals_stay_within_0_and_100():
+    """The linear t-interval of [99.7, 100, 98.9] runs past 100; the logit one cannot."""
+    acc = [99.7, 100.0, 98.9]
+    linear, bounded = stats.summarize(acc), stats.summarize(acc, bounded=True)
+    assert linear.ci_high > 100
+    assert 0 < bounded.ci_low < bounded.mean < bounded.ci_high < 100
+    low = stats.summarize([3.0, 12.0, 0.5], bounded=True)                # near 0, the same
+    assert stats.summarize([3.0, 12.0, 0.5]).ci_low < 0 < low.ci_low
+    # far from the bounds the two agree closely (the logit is near-linear around 50 %)
+    mid, mid_b = stats.summarize([49.0, 51.0, 50.0, 50.5]), stats.summarize([49.0, 51.0, 50.0, 50.5], bounded=True)
+    assert (mid_b.ci_low, mid_b.ci_high) == pytest.approx((mid.ci_low, mid.ci_high), abs=0.02)
 
 
-def test_conclusions_claim_only_what_the_corrected_test_supports():
-    groups = {"hi": [90.0, 91.0, 90.5, 91.5, 90.2], "lo": [80.0, 81.0, 80.5, 79.5, 80.8],
-              "lo2": [80.2, 80.9, 80.1, 79.9, 81.0]}
-    cmp = {(c.a, c.b): c for c in stats.compare_all(groups, family="d")}
-    assert cmp[("hi", "lo")].verdict == ">" and cmp[("hi", "lo2")].verdict == ">"
-    assert cmp[("lo", "lo2")].verdict == "~"
-    assert cmp[("hi", "lo")].p_holm >= cmp[("hi", "lo")].p
-    text = "\n".join(stats.conclusion_lines(list(cmp.values())))
-    assert "**hi > lo**" in text and "lo vs lo2: not distinguishable at n = 5" in text
-    assert "lo > lo2" not in text and "lo2 > lo" not in text
+def test_paired_difference_is_scipys_paired_t():
+    from scipy.stats import ttest_rel
+    a = {0: 80.0, 1: 60.0, 2: 75.0, 3: 90.0, 4: 40.0}
+    b = {0: 77.0, 1: 55.0, 2: 74.0, 3: 86.0, 4: 39.0, 9: 10.0}       # seed 9 has no partner: ignored
+    d = stats.paired_difference(a, b)
+    ref = ttest_rel([a[s] for s in range(5)], [b[s] for s in range(5)])
+    assert (d.n, d.diff) == (5, pytest.approx(2.8))
+    assert d.p == pytest.approx(ref.pvalue, rel=1e-9)
+    assert d.ci_low < 2.8 < d.ci_high
+    one_sided = stats.paired_difference(a, b, alternative="greater")
+    assert one_sided.p == pytest.approx(ref.pvalue / 2, rel=1e-9)
+    with pytest.raises(ValueError, match="alternative"):
+        stats.paired_difference(a, b, alternative="less-ish")
+
+
+def test_pairing_finds_what_a_shared_seed_effect_hides():
+    """Every arm is worse at a bad seed (shared weights, shared data order): the difference
+    is consistent seed by seed, though the arms' spreads overlap."""
+    seed_effect = {0: 0.0, 1: -20.0, 2: 10.0, 3: -5.0, 4: -35.0}
+    a = {s: 80 + e + bump for (s, e), bump in zip(seed_effect.items(), [3, 4, 2, 5, 3])}
+    b = {s: 80 + e for s, e in seed_effect.items()}
+    from scipy.stats import ttest_ind
+    assert ttest_ind(list(a.values()), list(b.values())).pvalue > 0.5          # unpaired: nothing
+    assert stats.paired_difference(a, b).p < 0.01                            # paired: clear
+
+
+def test_planned_contrasts_primary_alone_holm_over_secondary_others_described():
+    g = {"ours": {0: 90.0, 1: 91.0, 2: 90.4, 3: 91.6, 4: 90.2},
+         "trunc": {0: 85.0, 1: 86.5, 2: 85.6, 3: 86.0, 4: 85.4},
+         "mimetic": {0: 89.8, 1: 91.3, 2: 90.1, 3: 91.2, 4: 90.6},
+         "kaiming": {0: 70.0, 1: 72.0, 2: 71.0, 3: 69.0, 4: 70.5}}
+    cs = stats.planned_contrasts(g, family="digits", primary=("ours", "trunc"),
+                                 secondary=[("ours", "mimetic"), ("ours", "kaiming")])
+    by = {(c.a, c.b): c for c in cs}
+    primary = by["ours", "trunc"]
+    assert primary.role == "primary" and primary.p_adjusted == primary.p and primary.verdict == ">"
+    sec = [by["ours", "mimetic"], by["ours", "kaiming"]]
+    assert [c.role for c in sec] == ["secondary", "secondary"]
+    assert [c.p_adjusted for c in sec] == pytest.approx(stats.holm([c.p for c in sec]))
+    assert by["ours", "mimetic"].verdict == "~" and by["ours", "kaiming"].verdict == ">"
+    described = [c for c in cs if c.role == "descriptive"]
+    assert {(c.a, c.b) for c in described} == {("trunc", "mimetic"), ("trunc", "kaiming"), ("mimetic", "kaiming")}
+    assert all(c.verdict == "" and math.isnan(c.p) and not math.isnan(c.ci_low) for c in described)
+    text = stats.contrasts_block(cs, str)
+    assert "**ours > trunc**" in text and "**ours > kaiming**" in text
+    assert "mimetic > kaiming" not in text and "kaiming > mimetic" not in text   # described only
+    # a planned pair whose arm is not in the grid is skipped, not an error
+    assert [c.role for c in stats.planned_contrasts(g, primary=("ours", "absent"), describe_others=False)] == []
 
 
 def test_replication_verdicts():
@@ -83,21 +123,35 @@ def test_fragile_is_within_a_factor_of_two_of_alpha():
 
 
 def test_reports_record_the_verdicts_they_state_and_fragile_ones_are_not_bolded():
-    from structinit.reporting.stats import compare_all, conclusion_lines, conclusions_record, recording_conclusions
-    groups = {"a": [90.0, 91.0, 92.0, 93.0, 94.0], "b": [10.0, 11.0, 12.0, 13.0, 14.0],
-              "c": [90.5, 92.0, 93.5, 95.0, 96.5]}
-    comparisons = compare_all(groups, family="digits")
-    with recording_conclusions() as entries:
-        lines = conclusion_lines(comparisons)
-    record = conclusions_record("main_table.md", entries)
-    assert [c["id"] for c in record["conclusions"]] == ["digits: a vs b", "digits: a vs c", "digits: b vs c"]
-    assert [c["verdict"] for c in record["conclusions"]] == [">", "~", "<"]
-    assert all(not c["fragile"] for c in record["conclusions"])
-    assert any("**a > b**" in line for line in lines)
-    # a verdict at p = 0.04 (Holm) is fragile: stated, flagged, not bolded
-    from structinit.reporting.stats import Comparison
-    close = Comparison("digits", "x", "y", 60.0, 50.0, 5, 5, 0.04, 0.04, ">")
-    with recording_conclusions() as entries:
-        (line,) = conclusion_lines([close])
+    from structinit.reporting.stats import Contrast, conclusions_record, contrast_line, recording_conclusions
+    g = {"a": {s: 90.0 + s for s in range(5)}, "b": {s: 10.0 + s + (s % 2) for s in range(5)},
+         "c": {s: 90.5 + 1.5 * s for s in range(5)}}
+    cs = stats.planned_contrasts(g, family="digits", primary=("a", "b"), secondary=[("c", "b")])
+    with recording_conclusions() as recorded:
+        text = stats.contrasts_block(cs)
+    record = conclusions_record("main_table.md", recorded)
+    assert [c["id"] for c in record["conclusions"]] == ["digits: a vs b", "digits: c vs b"]
+    assert [c["role"] for c in record["conclusions"]] == ["primary", "secondary"]
+    assert [c["verdict"] for c in record["conclusions"]] == [">", ">"]
+    assert [c["id"] for c in record["described"]] == ["digits: a vs c"]
+    assert "**a > b**" in text
+    # a verdict at p = 0.04 is fragile: stated, flagged, not bolded
+    close = Contrast("digits", "x", "y", "primary", 60.0, 50.0, 10.0, 1.0, 19.0, 5, "two-sided", 0.04, 0.04, ">")
+    with recording_conclusions() as recorded:
+        line = contrast_line(close)
+        stats._record([close], stats.ALPHA)
     assert "**" not in line and "x > y" in line and "fragile" in line
-    assert conclusions_record("r.md", entries)["conclusions"][0]["fragile"] is True
+    assert conclusions_record("r.md", recorded)["conclusions"][0]["fragile"] is True
+
+
+def test_gap_change_is_paired_by_seed():
+    """The gap a - b shrinks by 2 points at the small size at every seed, whatever the seed's
+    own level: paired, that is a clear change."""
+    level = {0: 0.0, 1: -15.0, 2: 8.0}
+    groups = {("a", "full"): {s: 90 + e for s, e in level.items()},
+              ("b", "full"): {s: 80 + e for s, e in level.items()},
+              ("a", "small"): {s: 70 + e + 0.1 * s for s, e in level.items()},
+              ("b", "small"): {s: 62 + e for s, e in level.items()}}
+    (change,) = stats.compare_gap_changes(groups, reference="b", base="full", family="digits")
+    assert (change.gap_base, change.gap_other) == pytest.approx((10.0, 8.1))
+    assert change.n == 3 and change.verdict == "<" and change.ci_high < 0

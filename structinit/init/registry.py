@@ -90,6 +90,14 @@ def _mimetic(model, *, seed, generator, **options):
     mimetic(model, generator, **options)
 
 
+@register_initializer("mimetic_qk", options=("alpha", "beta"))
+def _mimetic_qk(model, *, seed, generator, **options):
+    """Beyond the paper: Mimetic's Q/K alone, V/proj left at timm's default (the confound arm:
+    the structured init touches only Q/K). Same Q/K as "mimetic" at the same seed."""
+    trunc_normal(model)
+    mimetic(model, generator, value_proj=False, **options)
+
+
 def _impulse_options(options: dict) -> tuple[str, ...]:
     """kernel, the solve's options (config.IMPULSE_SOLVE_OPTIONS), a ready `solution`, and the
     chosen solver's own keyword options (solvers.py)."""

@@ -190,3 +190,13 @@ def study_runs(params: dict, study: str, main: str | Path, studies: str | Path) 
              for d, f, i, seed in itertools.product(s["datasets"], s["fractions"], s["inits"], s["seeds"])]
             + [Run(main / main_cell(d, i), seed, dict(dataset=d, fraction=1.0, init=i))
                for d, i, seed in itertools.product(s["datasets"], s["inits"], s["seeds"])])
+
+
+def parse_contrast(text: str, ours: str | None = None) -> tuple[str, str]:
+    """A planned contrast as params.yaml writes it: "ours vs trunc_normal" -> ("impulse3",
+    "trunc_normal") when ours = "impulse3" (the headline row, impulse<init.kernel>)."""
+    parts = [p.strip() for p in str(text).split(" vs ")]
+    if len(parts) != 2 or not all(parts):
+        raise ValueError(f"contrast {text!r}: write it as '<arm> vs <arm>', e.g. 'ours vs trunc_normal'")
+    return tuple(ours if (p == "ours" and ours) else p for p in parts)
+

@@ -81,6 +81,22 @@ class Init(_Section):
     kernel: PosInt                       # the headline Imp.-k row
 
 
+class Contrasts(_Section):               # the main table's planned, paired tests (reporting/stats.py)
+    alpha: Annotated[float, Field(gt=0, lt=1)] = 0.05
+    primary: str                         # "<arm> vs <arm>"; tested alone at alpha
+    direction: Literal["two-sided", "greater"] = "two-sided"   # greater: the primary's first arm wins
+    secondary: list[str] = []            # Holm over these only
+
+    @field_validator("primary", "secondary")
+    @classmethod
+    def _pairs(cls, v):
+        for text in [v] if isinstance(v, str) else v:
+            a, b = cells.parse_contrast(text)            # its ValueError says the form
+            if a == b:
+                raise ValueError(f"contrast {text!r} compares an arm with itself")
+        return v
+
+
 class Solve(_Section):                   # solve_impulse_qk's options (IMPULSE_SOLVE_OPTIONS) + each solver's
     solver: Literal[SOLVER_NAMES]
     offset_order: Literal[OFFSET_ORDERS]
@@ -142,7 +158,7 @@ class Recipe(_Section):
 
 
 class ConvmixerStudy(_Section):
-    datasets: Annotated[list[Dataset], Field(min_length=1)]
+    datasets: list[Dataset]              # [] = the study is off (its report says how to bring it back)
     sizes: Annotated[list[str], Field(min_length=1)]
     modes: Annotated[list[Literal[FILTER_MODES]], Field(min_length=1)]
     seeds: Seeds
@@ -150,7 +166,7 @@ class ConvmixerStudy(_Section):
 
 
 class PseudoInputStudy(_Section):
-    datasets: Annotated[list[Dataset], Field(min_length=1)]
+    datasets: list[Dataset]              # [] = the study is off (its report says how to bring it back)
     kernel: PosInt
     variants: Annotated[list[str], Field(min_length=1)]
     seeds: Seeds
@@ -190,7 +206,7 @@ def _initializers(inits: list) -> list:
 
 
 class HeadsWidthStudy(_Section):
-    datasets: Annotated[list[Dataset], Field(min_length=1)]
+    datasets: list[Dataset]              # [] = the study is off (its report says how to bring it back)
     shapes: Annotated[list[str], Field(min_length=1)]
     inits: Annotated[list[str], Field(min_length=1)]
     seeds: Seeds
@@ -199,7 +215,7 @@ class HeadsWidthStudy(_Section):
 
 
 class DataSizeStudy(_Section):
-    datasets: Annotated[list[Dataset], Field(min_length=1)]
+    datasets: list[Dataset]              # [] = the study is off (its report says how to bring it back)
     # of the main grid's training set (its 100 % point, reused): 1 itself is not trained again
     fractions: Annotated[list[Annotated[float, Field(gt=0, lt=1)]], Field(min_length=1)]
     inits: Annotated[list[str], Field(min_length=1)]
@@ -233,6 +249,7 @@ class ShapeOverride(_Section):           # a partial VitModel
 class Params(_Section):
     grid: Grid
     init: Init
+    contrasts: Contrasts
     solve: Solve
     data: Data
     recipes: dict[Dataset, Recipe]
@@ -251,6 +268,16 @@ def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
     if p.init.kernel not in g.kernels:
         out.append(("init.kernel", p.init.kernel, f"must be one of grid.kernels {g.kernels} "
                     "(it picks the main table's headline row)"))
+    kernel_free = _kernel_free_initializers()
+    for path, texts in (("contrasts.primary", [p.contrasts.primary]), ("contrasts.secondary", p.contrasts.secondary)):
+        for i, text in enumerate(texts):
+            where = path if path.endswith("primary") else f"{path}[{i}]"
+            for arm in cells.parse_contrast(text):
+                method = cells.IMPULSE if impulse_kernel(arm) is not None else arm
+                if arm != "ours" and method not in kernel_free + [cells.IMPULSE]:
+                    out.append((where, text, f"{arm!r} is not an initializer; allowed: ours (the headline "
+                                f"impulse<init.kernel>), {kernel_free} or {cells.IMPULSE}<k>. A contrast "
+                                "whose arms are not in the grid is reported as not run"))
     if not g.datasets and not g.streamed_datasets:
         out.append(("grid.datasets", g.datasets, "the grid needs a dataset (here or in grid.streamed_datasets)"))
     for i, d in enumerate(g.datasets):

@@ -161,9 +161,14 @@ def verify(repo: str | Path = ".", against: str = "HEAD", tolerance: float = TOL
             elif old[cid]["verdict"] != new[cid]["verdict"]:
                 v.conclusions_changed.append({
                     "report": name, "id": cid, "before": old[cid]["verdict"], "after": new[cid]["verdict"],
-                    "p_before": old[cid]["p_holm"], "p_after": new[cid]["p_holm"],
+                    "p_before": _adjusted_p(old[cid]), "p_after": _adjusted_p(new[cid]),
                     "fragile": bool(old[cid].get("fragile") or new[cid].get("fragile"))})
     return v
+
+
+def _adjusted_p(conclusion: dict) -> float:
+    """A conclusion's adjusted p (`p_holm` in records written before the paired statistics)."""
+    return conclusion.get("p_adjusted", conclusion.get("p_holm"))
 
 
 def _p(x) -> str:

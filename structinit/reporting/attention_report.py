@@ -63,11 +63,17 @@ def dataset_section(ds, analysis: Path, figures: Path, *, inits, impulse_inits, 
         f"{mean(m['at_init', 'images']):.3f} on test images at init "
         f"({mean(m['at_init', 'pseudo']) / max(mean(m['at_init', 'images']), 1e-12):.1f}× less), "
         f"{mean(m['trained', 'images']):.3f} after training" for i, m in mass.items())
-    trained = {i: dist[i][("trained", "images")].mean(1).tolist() for i in inits}
-    between_tests = stats.compare_all(trained, family=f"{ds}, trained, test images")
-    per_init = [c for i in inits for c in stats.compare_all(
-        {f"{i} at init": dist[i][("at_init", "images")].mean(1).tolist(), f"{i} trained": trained[i]},
-        family=f"{ds}, {init_label(i)}")]
+    per_seed = lambda i, state: dict(zip(seeds, dist[i][(state, "images")].mean(1).tolist()))  # noqa: E731
+    # planned: each initializer's trained model against itself at init (paired by model: the
+    # same seed's network before and after), Holm over the initializers; between initializers,
+    # trained: described (paired by seed), not tested
+    init_vs_trained_tests = stats.planned_contrasts(
+        {**{f"{i} trained": per_seed(i, "trained") for i in inits},
+         **{f"{i} at init": per_seed(i, "at_init") for i in inits}},
+        family=f"{ds}, trained vs at init", secondary=[(f"{i} trained", f"{i} at init") for i in inits],
+        describe_others=False)
+    between_inits = stats.planned_contrasts({i: per_seed(i, "trained") for i in inits},
+                                      family=f"{ds}, trained, between initializers")
     stuck = summary.barely_trained(init_vs_trained)
     caveat = ("" if not stuck else
               "Caveat, generated: " + ", ".join(init_label(i) for i in stuck) + " kept every block's "
@@ -100,10 +106,11 @@ def dataset_section(ds, analysis: Path, figures: Path, *, inits, impulse_inits, 
             f"trained (± std of the trained value over seeds, n = {len(seeds)}). Lower = more local.\n\n"
             + summary.distance_table(dist, uniform) + "\n\n"
             f"![mean attention distance](figures/attention/mean_distance_{ds}.png)\n\n"
-            + stats.conclusions_block(between_tests + per_init, state_label, unit="patches",
-                                      title=f"Conclusions ({ds}): does attention stay local?")
+            + stats.contrasts_block(init_vs_trained_tests + between_inits, state_label, unit="patches",
+                                    title=f"Conclusions ({ds}): does attention stay local?")
             + "\n\"A > B\" here means A's attention reaches *farther* (less local) than B's. Distance "
-            "per seed = mean over blocks and heads, on the test images.\n\n"
+            "per seed = mean over blocks and heads, on the test images. Planned: each initializer "
+            "trained vs at init, paired by model (Holm over the initializers).\n\n"
             "### CKA (test images)\n\n"
             "Linear CKA of each block's output averaged over tokens (one vector per image): a "
             "model's block at init vs the same block trained (1 = the same representation up to "

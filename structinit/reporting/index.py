@@ -37,9 +37,10 @@ initialization matters more with less data; the report tests each gap's change.
 """
 
 TABLES = [
+    ("headline.md", "the main table and the primary contrast, the block the top-level README quotes"),
     ("main_table.md", "rows = initializers, columns = datasets: final-epoch test accuracy (%), mean ± std "
                       "over seeds, (difference to Trunc Normal), 95 % CI, n, the paper's number; "
-                      "then which differences the seeds support (Welch + Holm)"),
+                      "then the planned contrasts, paired by seed (primary alone, Holm over the secondary)"),
     ("kernel_table.md", "the structured init per kernel size: accuracy, and its mass on the target "
                         "offset beside the official solver's (close = same softness as the paper)"),
     ("preopt_table.md", "one row per Q/K solve: fit (MSE), target mass, and the official solver's on "
@@ -61,6 +62,8 @@ TABLES = [
 ]
 
 FIGURES = [
+    ("figures/main/{ds}.png", "the main result: each seed's accuracy per initializer (lines join one seed), "
+     "and accuracy against the epoch budget"),
     ("figures/curves/{ds}.png", "train/test accuracy and loss per epoch: line = mean over seeds, "
      "band = ±1 std; lines apart beyond their bands = initializers that train differently"),
     ("figures/attention/attention_pseudo_{ds}.png", "each head's attention by offset from the query on "
@@ -95,11 +98,18 @@ def build_index(reports: Path, datasets: list[str], data_size_datasets: list[str
                   ("maps", "figures/attention/attention_pseudo_{ds}.png", datasets),
                   ("cka", "figures/attention/cka_between_inits_{ds}.png", datasets),
                   ("data_size", DATA_SIZE_FIGURE[0], data_size_datasets))}
+    main = "\n\n".join(link(f"figures/main/{ds}.png", image=True) for ds in datasets)
     lines = ["# Reports", "",
              "Every file here is written by `dvc repro` (stage names in the main README); this index "
              "by the stage `reports_index`. Numbers are final-epoch test accuracy (%) unless said "
              "otherwise, mean ± std over seeds; every report of results ends with the paper's own "
              "numbers, labelled as the paper's (side by side where the dataset is the paper's).", "",
+             "## The main result", "",
+             "Each seed's final test accuracy per initializer, a grey line joining one seed's arms "
+             "(the comparison is paired by seed: parallel lines = a consistent difference), the mean "
+             "as a bar, the paper's number as a cross; beside it, accuracy against the epoch budget "
+             "(`benchmarks/epochs.py`): what a shorter run would have shown. The tests: "
+             f"{link('main_table.md')}, *Conclusions*.", "", main, "",
              QUESTIONS.format(**blocks), "## Tables", ""]
     lines += [f"- {link(name)}: {what}" for name, what in TABLES]
     lines += ["", "## Figures", ""]

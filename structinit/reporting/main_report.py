@@ -17,9 +17,66 @@ import pandas as pd
 from structinit.pipeline import cells
 from structinit.pipeline.cells import impulse_init, main_cell, run_name, seed_dir, solve_cell
 from structinit.reporting import paper, stats
+from structinit.reporting.budget import budget_finals, budget_sentence
+from structinit.reporting.figures.main import write_main_figures
 from structinit.reporting import tables as report
 from structinit.reporting.presentation import init_label
 from structinit.reporting.runs import ran_with, read_cell
+
+
+@dataclass(frozen=True)
+class Plan:
+    """params.yaml's `contrasts`, with "ours" resolved to impulse<init.kernel>."""
+    primary: tuple[str, str]
+    secondary: list[tuple[str, str]]
+    alternative: str
+    alpha: float
+
+    def not_run(self, arms) -> str:
+        """A line naming the planned contrasts this grid could not test (an arm not trained)."""
+        missing = [f"{a} vs {b}" for a, b in [self.primary] + self.secondary if a not in arms or b not in arms]
+        return (f"\nPlanned but not run (an arm is not in this grid): {', '.join(missing)}.\n" if missing else "")
+
+
+def planned(params: dict) -> Plan:
+    c, ours = params["contrasts"], impulse_init(params["init"]["kernel"])
+    return Plan(cells.parse_contrast(c["primary"], ours), [cells.parse_contrast(t, ours) for t in c["secondary"]],
+                c["direction"], c["alpha"])
+
+
+def by_seed(runs: pd.DataFrame, dataset: str, init: str, value: str = "acc") -> dict:
+    """{seed: value} of one arm on one dataset: what the paired tests match."""
+    rows = runs[(runs.dataset == dataset) & (runs.init == init)]
+    return dict(zip(rows.seed.tolist(), rows[value].tolist()))
+
+
+def main_contrasts(runs: pd.DataFrame, dataset: str, inits: list[str], plan: Plan) -> list[stats.Contrast]:
+    """The planned contrasts on one dataset, paired by seed, and every other pair described."""
+    return stats.planned_contrasts({i: by_seed(runs, dataset, i) for i in inits}, family=dataset,
+                                   primary=plan.primary, secondary=plan.secondary,
+                                   alternative=plan.alternative, alpha=plan.alpha)
+
+
+def confound_section(contrasts: dict, datasets: list[str], ours: str, alpha: float) -> str:
+    """What the confound arm (beyond the paper) shows: Mimetic sets Q/K *and* V/proj, the
+    structured init only Q/K, so "Imp.-k vs Mimetic" mixes the two. Mimetic Q/K only has
+    Mimetic's Q/K (the same draw) and Trunc Normal's V/proj."""
+    lines = []
+    for ds in datasets:
+        by = {(c.a, c.b): c for c in contrasts[ds]}
+        for pair, what in ((("mimetic_qk", "mimetic"), "what Mimetic's V/proj adds (the Q/K are the same draw)"),
+                           (("mimetic_qk", ours), "the two attention initializations at the same V/proj "
+                                                 "(Trunc Normal's)")):
+            c = by.get(pair) or by.get(pair[::-1])
+            if c is not None:
+                lines.append(stats.contrast_line(c, init_label, alpha)[2:] + f" — {what}")
+    if not lines:
+        return ""
+    return ("\n## The confound arm (beyond the paper)\n\n"
+            "Mimetic initializes W_q·W_k *and* W_v·W_proj; the structured init touches only Q/K, so "
+            "\"Imp.-k vs Mimetic\" mixes attention structure with V/proj scale. \"Mimetic Q/K only\" "
+            "has Mimetic's Q/K (the same draw at each seed) and Trunc Normal's V/proj:\n\n"
+            + "\n".join(f"- {line}" for line in lines) + "\n\n")
 
 
 @dataclass
@@ -30,10 +87,13 @@ class MainReports:
     runs: pd.DataFrame   # cells.csv: one row per trained run
 
 
-def main_reports(params: dict, results: Path, preopt: Path, reference: Path) -> MainReports:
+def main_reports(params: dict, results: Path, preopt: Path, reference: Path, figures: Path,
+                 epoch_budgets: Path | None = None) -> MainReports:
     """results: the trained cells; preopt / reference: the Q/K solves' and the official
-    solver's records (stages preoptimize and reference_solve)."""
-    results, preopt, reference = Path(results), Path(preopt), Path(reference)
+    solver's records (stages preoptimize and reference_solve); figures: where the main figure
+    goes (<dataset>.png); epoch_budgets: benchmarks/epochs.csv, drawn beside it where it has
+    the dataset."""
+    results, preopt, reference, figures = Path(results), Path(preopt), Path(reference), Path(figures)
     grid, kernel = params["grid"], params["init"]["kernel"]
     if kernel not in grid["kernels"]:
         raise SystemExit(f"init.kernel={kernel} is not in grid.kernels={grid['kernels']}: the headline "
@@ -56,24 +116,51 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path) -> 
     preopt_runs["official_target_mass"] = [r["target_mass"] for r in reference_runs]
     preopt_runs["official_fit_mse"] = [r["fit_mse"] for r in reference_runs]
 
+    budgets = {}
+    if epoch_budgets is not None and Path(epoch_budgets).exists():
+        curves = pd.read_csv(epoch_budgets)
+        if not {"dataset", "init", "budget", "seed", "epoch", "test_acc"} <= set(curves.columns):
+            raise SystemExit(f"{epoch_budgets}: columns {list(curves.columns)}; expected the epoch benchmark's "
+                             "(dataset, init, budget, seed, epoch, test_acc): re-create it with "
+                             "python -m benchmarks.epochs")
+        finals = budget_finals(curves)
+        budgets = {ds: finals[finals.dataset == ds] for ds in grid["datasets"] if ds in set(finals.dataset)}
+    epochs = {ds: params["recipes"][ds]["train"]["epochs"] for ds in grid["datasets"]}
+    figure_paths = write_main_figures(runs, grid["datasets"], inits, figures, budgets, epochs)
+    figures_md = "".join(f"![{path.stem}: each seed's accuracy per initializer]"
+                         f"(figures/{figures.name}/{path.name})\n\n" for path in figure_paths)
     texts = {}
     run = report.what_ran(params, grid["datasets"], grid["seeds"], ran_with(
         seed_dir(results / main_cell(d, i), s) for d, i, s in expected))
-    comparisons = report.pairwise_comparisons(runs, "init")
+    run += "".join(f" {ds}: {budget_sentence(budgets[ds], epochs[ds], init_label)}." for ds in budgets)
+    plan = planned(params)
+    contrasts = {ds: main_contrasts(runs, ds, inits, plan) for ds in grid["datasets"]}
     with stats.recording_conclusions() as main_conclusions:
-        main_block = stats.conclusions_block(comparisons, init_label)
-    kernel_cmp = report.pairwise_comparisons(runs[runs.init.map(cells.impulse_kernel).notna()], "init")
+        main_block = stats.contrasts_block([c for ds in grid["datasets"] for c in contrasts[ds]], init_label,
+                                           alpha=plan.alpha) + plan.not_run(inits)
+    impulse_rows = [i for i in inits if cells.impulse_kernel(i)]
+    kernel_cmp = [c for ds in grid["datasets"] for c in stats.planned_contrasts(
+        {i: by_seed(runs, ds, i) for i in impulse_rows}, family=ds)]
     with stats.recording_conclusions() as kernel_conclusions:
-        kernel_block = stats.conclusions_block(kernel_cmp, init_label)
+        kernel_block = stats.contrasts_block(kernel_cmp, init_label, title="Differences between kernels") + (
+            "\nThe planned test of Imp.-3 vs Imp.-5, where params.yaml names it, is in main_table.md.\n")
+    confound = confound_section(contrasts, grid["datasets"], ours, plan.alpha)
     texts["main_table.md"] = (
         "# Main table: test accuracy (%) by initializer\n\n"
-        "Final-epoch top-1, mean ± std over seeds; in brackets the difference to Trunc Normal; "
-        "95% CI = t-interval of the mean; n = seeds. \"paper\" is the paper's single-run "
-        "number (ViT-T/2, 200 epochs) where it has one.\n\n"
+        "Final-epoch top-1, mean ± std over seeds; in brackets the difference of the means to "
+        "Trunc Normal; n = seeds. " + stats.INTERVAL[0].upper() + stats.INTERVAL[1:] + ". \"paper\" is "
+        "the paper's single-run number (ViT-T/2, 200 epochs) where it has one.\n\n"
         f"What ran: {run}\n\n"
+        + figures_md
         + report.main_table(runs, grid["datasets"], inits, ours) + "\n\n"
-        + main_block + "\n"
+        + main_block + "\n" + confound
         + report.paper_main_block())
+    primary_lines = [stats.contrast_line(c, init_label, plan.alpha) for ds in grid["datasets"]
+                     for c in contrasts[ds] if c.role == "primary"]
+    texts["headline.md"] = (            # what the top-level README quotes (tests/test_readme_numbers.py)
+        report.main_table(runs, grid["datasets"], inits, ours) + "\n\n"
+        "Final-epoch test accuracy (%), mean ± std over seeds (in brackets: difference to Trunc Normal), "
+        f"n = {len(grid['seeds'])} seeds. Primary contrast, paired by seed:\n\n" + "\n".join(primary_lines) + "\n")
     texts["kernel_table.md"] = (
         "# Structured init by kernel size\n\n"
         f"What ran: {run}\n\n"
@@ -95,4 +182,6 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path) -> 
         + report.preopt_table(preopt_runs) + "\n")
     return MainReports(texts, {"main_table.md": stats.conclusions_record("main_table.md", main_conclusions),
                         "kernel_table.md": stats.conclusions_record("kernel_table.md", kernel_conclusions)},
-                report.summary(runs, grid["datasets"], inits, ours), runs)
+                report.summary(runs, grid["datasets"], inits, ours,
+                               {ds: next((c for c in contrasts[ds] if c.role == "primary"), None)
+                                for ds in grid["datasets"]}), runs)

@@ -23,6 +23,7 @@ SHOWN = {
     "kaiming_uniform": Shown("Kaiming Uniform", "#7f7f7f"),
     "trunc_normal": Shown("Trunc Normal", "#1f77b4"),
     "mimetic": Shown("Mimetic", "#2ca02c"),
+    "mimetic_qk": Shown("Mimetic Q/K only", "#98df8a"),      # beyond the paper: the confound arm
     "impulse3": Shown("Imp.-3", "#d62728"),
     "impulse5": Shown("Imp.-5", "#ff7f0e"),
     "impulse7": Shown("Imp.-7", "#9467bd"),

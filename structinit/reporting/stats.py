@@ -1,13 +1,20 @@
-"""Statistics over seeds: intervals, and which differences the seeds support.
+"""Statistics over seeds: intervals, and which planned differences the seeds support.
 
-    summarize(values)                    mean, std (ddof=1), n, 95 % t-interval
-    compare_all(groups, family=...)      every pair: Welch's t-test, Holm-corrected p
-    conclusion_lines(comparisons)        one sentence per pair, only what the test supports
+    summarize(values)                      mean, std (ddof=1), n, 95 % interval of the mean
+    summarize(acc, bounded=True)           ... the interval on the logit scale: stays in [0, 100]
+    paired_difference(a, b)                a and b matched by seed: mean difference, its 95 %
+                                           t-interval, paired t p (the arms share all else)
+    planned_contrasts(groups, primary=..., secondary=[...])
+                                           the primary alone at alpha, Holm over the secondary,
+                                           every other pair described without a verdict
+    contrasts_block(contrasts)             the generated "Conclusions" section of a report
 
-The pairs of one family (a table's pairs on one dataset, or within one study size or
-shape) are corrected together (Holm), so within a family the chance of any false "A > B"
-stays at alpha; each family is named in its sentences. With n = 1 no test is possible and
-every pair reads "not testable".
+Why paired: at one seed every arm starts from the same weights except the ones its
+initializer sets, and sees the same batches in the same order (tests/test_pairing.py), so the
+seed-to-seed spread they share cancels in a difference taken seed by seed. Why planned: a
+report tests the contrasts its params name before the run (params.yaml `contrasts`, a study's
+`contrasts`); Holm corrects only over those, so the paper's claim is not diluted by pairs
+nobody asked about. Other pairs are shown as estimates with intervals, never as verdicts.
 """
 from __future__ import annotations
 
@@ -20,13 +27,19 @@ import numpy as np
 from scipy import stats as sps
 
 ALPHA = 0.05
-TEST = ("Welch's t-test (two-sided, unequal variances) across seeds, Holm-corrected over the pairs "
-        "of each family (the text before the colon)")
+ALTERNATIVES = ("two-sided", "greater")
+TEST = ("paired t-test across seeds (the arms of one seed share every weight their initializers do "
+        "not set and the data order); the primary contrast alone at alpha, Holm over the secondary "
+        "contrasts of the family (the text before the colon); other pairs described, not tested")
+INTERVAL = ("95 % interval of the mean accuracy: a t-interval of the mean logit of the seeds' "
+            "accuracies (each clamped to [0.1, 99.9] %), mapped back, so it stays within [0, 100]; "
+            "of a difference: the t-interval of the mean paired difference")
 FRAGILE_FACTOR = 2.0
-FRAGILE_RULE = (f"fragile: the corrected p lies within a factor of {FRAGILE_FACTOR:g} of alpha "
+FRAGILE_RULE = (f"fragile: the adjusted p lies within a factor of {FRAGILE_FACTOR:g} of alpha "
                 f"(alpha / {FRAGILE_FACTOR:g} <= p <= {FRAGILE_FACTOR:g} alpha), so a last-bit difference in "
                 "training (another CPU, bf16 vs fp32) can flip the verdict; stated, never bolded, and "
                 "not held against a re-run by ./run.sh verify")
+_CLAMP = 0.001                     # accuracies as proportions, clamped for the logit
 
 
 def is_fragile(p_adjusted: float, alpha: float = ALPHA) -> bool:
@@ -39,11 +52,17 @@ class Summary:
     mean: float
     std: float        # sample std (ddof=1); 0 when n = 1
     n: int
-    ci_low: float     # 95 % t-interval of the mean (nan when n = 1)
+    ci_low: float     # 95 % interval of the mean (nan when n = 1)
     ci_high: float
 
 
-def summarize(values, confidence: float = 0.95) -> Summary:
+def _t_half(std: float, n: int, confidence: float) -> float:
+    return float(sps.t.ppf(0.5 + confidence / 2, n - 1)) * std / math.sqrt(n)
+
+
+def summarize(values, confidence: float = 0.95, bounded: bool = False) -> Summary:
+    """bounded: values are accuracies in percent; the interval is a t-interval of the mean
+    logit, mapped back (within [0, 100], asymmetric near the bounds). Otherwise a t-interval."""
     x = np.asarray(values, dtype=float)
     n = len(x)
     if n == 0:
@@ -52,8 +71,14 @@ def summarize(values, confidence: float = 0.95) -> Summary:
     if n == 1:
         return Summary(mean, 0.0, 1, math.nan, math.nan)
     std = float(x.std(ddof=1))
-    half = float(sps.t.ppf(0.5 + confidence / 2, n - 1)) * std / math.sqrt(n)
-    return Summary(mean, std, n, mean - half, mean + half)
+    if not bounded:
+        half = _t_half(std, n, confidence)
+        return Summary(mean, std, n, mean - half, mean + half)
+    p = np.clip(x / 100, _CLAMP, 1 - _CLAMP)
+    logits = np.log(p / (1 - p))
+    centre, half = float(logits.mean()), _t_half(float(logits.std(ddof=1)), n, confidence)
+    back = lambda z: 100 / (1 + math.exp(-z))  # noqa: E731
+    return Summary(mean, std, n, back(centre - half), back(centre + half))
 
 
 def holm(pvalues: list[float]) -> list[float]:
@@ -67,72 +92,106 @@ def holm(pvalues: list[float]) -> list[float]:
     return adjusted
 
 
+# --- paired differences ------------------------------------------------------------------------
+
 @dataclass(frozen=True)
-class Comparison:
+class PairedDifference:
+    diff: float       # mean over seeds of a_s - b_s
+    std: float        # sample std of the differences (0 when n = 1)
+    n: int            # seeds both ran
+    ci_low: float     # 95 % t-interval of the mean difference (nan when n = 1)
+    ci_high: float
+    p: float          # paired t-test p (nan: n < 2, or differences with no spread)
+
+
+def paired_difference(a: dict, b: dict, alternative: str = "two-sided",
+                      confidence: float = 0.95) -> PairedDifference:
+    """a, b: seed -> value. Pairs the seeds both have. alternative "greater": H1 mean(a - b) > 0."""
+    if alternative not in ALTERNATIVES:
+        raise ValueError(f"alternative={alternative!r}; choose one of {ALTERNATIVES}")
+    seeds = [s for s in a if s in b]
+    if not seeds:
+        raise ValueError(f"no seed in common: {sorted(a)} vs {sorted(b)}")
+    d = np.array([a[s] - b[s] for s in seeds], dtype=float)
+    n, diff = len(d), float(d.mean())
+    if n < 2:
+        return PairedDifference(diff, 0.0, n, math.nan, math.nan, math.nan)
+    std = float(d.std(ddof=1))
+    half = _t_half(std, n, confidence)
+    if std == 0:
+        return PairedDifference(diff, 0.0, n, diff, diff, math.nan)
+    t = diff / (std / math.sqrt(n))
+    p = float(2 * sps.t.sf(abs(t), n - 1) if alternative == "two-sided" else sps.t.sf(t, n - 1))
+    return PairedDifference(diff, std, n, diff - half, diff + half, p)
+
+
+@dataclass(frozen=True)
+class Contrast:
     family: str       # what the pair belongs to, e.g. "digits" or "digits, cm64d4k3"
     a: str
     b: str
+    role: str         # "primary" (alone at alpha), "secondary" (Holm), "descriptive" (no test)
     mean_a: float
     mean_b: float
-    n_a: int
-    n_b: int
-    p: float          # Welch's two-sided p (nan: not testable)
-    p_holm: float
-    verdict: str      # ">" (a significantly higher), "<", or "~" (not distinguishable)
+    diff: float       # mean paired difference a - b
+    ci_low: float
+    ci_high: float
+    n: int            # seeds paired
+    alternative: str  # "two-sided" or "greater" (stated before the run)
+    p: float          # paired t p (nan: descriptive or not testable)
+    p_adjusted: float  # primary: p; secondary: Holm over the family's secondary; else nan
+    verdict: str      # ">", "<", "~" (not distinguishable); "" for descriptive
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def welch_p(a, b) -> float:
-    """Two-sided Welch p; nan when a group has one value or both have zero variance."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    if len(a) < 2 or len(b) < 2 or (a.std() == 0 and b.std() == 0):
-        return math.nan
-    return float(sps.ttest_ind(a, b, equal_var=False).pvalue)
+def _contrast(family, a, b, role, ga, gb, alternative, alpha, p_adjusted=None) -> Contrast:
+    d = paired_difference(ga, gb, alternative if role != "descriptive" else "two-sided")
+    ma, mb = float(np.mean(list(ga.values()))), float(np.mean(list(gb.values())))
+    p = d.p if role != "descriptive" else math.nan
+    p_adj = math.nan if role == "descriptive" else (p if p_adjusted is None else p_adjusted)
+    if role == "descriptive":
+        verdict = ""
+    elif math.isnan(p_adj) or p_adj >= alpha:
+        verdict = "~"
+    else:
+        verdict = ">" if d.diff > 0 else "<"
+    return Contrast(family, a, b, role, ma, mb, d.diff, d.ci_low, d.ci_high, d.n,
+                    alternative if role != "descriptive" else "two-sided", p, p_adj, verdict)
 
 
-def compare_all(groups: dict[str, list[float]], family: str = "", alpha: float = ALPHA) -> list[Comparison]:
-    """Every pair of groups (in the given order), Holm-corrected within this family."""
-    pairs = list(itertools.combinations(groups, 2))
-    raw = [welch_p(groups[a], groups[b]) for a, b in pairs]
+def planned_contrasts(groups: dict[str, dict], *, family: str = "", primary: tuple | None = None,
+                      secondary: list[tuple] = (), alternative: str = "two-sided",
+                      alpha: float = ALPHA, describe_others: bool = True) -> list[Contrast]:
+    """groups: arm -> {seed: value}. primary: (a, b) tested alone at alpha (`alternative`
+    applies to it; secondary contrasts are two-sided); secondary: Holm-corrected together;
+    every other pair of arms (in the groups' order) described: difference and interval only.
+    A planned pair naming an arm not in `groups` is skipped (not in this grid)."""
+    planned = [(tuple(primary), "primary")] if primary else []
+    planned += [(tuple(pair), "secondary") for pair in secondary]
+    planned = [(pair, role) for pair, role in planned if pair[0] in groups and pair[1] in groups]
+    out = []
+    for (a, b), role in planned:
+        if role == "primary":
+            out.append(_contrast(family, a, b, role, groups[a], groups[b], alternative, alpha))
+    sec = [(a, b) for (a, b), role in planned if role == "secondary"]
+    raw = [paired_difference(groups[a], groups[b]).p for a, b in sec]
     testable = [i for i, p in enumerate(raw) if not math.isnan(p)]
     adjusted = dict(zip(testable, holm([raw[i] for i in testable])))
-    out = []
-    for i, (a, b) in enumerate(pairs):
-        ma, mb = float(np.mean(groups[a])), float(np.mean(groups[b]))
-        p_holm = adjusted.get(i, math.nan)
-        verdict = "~" if math.isnan(p_holm) or p_holm >= alpha else (">" if ma > mb else "<")
-        out.append(Comparison(family, a, b, ma, mb, len(groups[a]), len(groups[b]),
-                              raw[i], p_holm, verdict))
+    out += [_contrast(family, a, b, "secondary", groups[a], groups[b], "two-sided", alpha, adjusted.get(i, math.nan))
+            for i, (a, b) in enumerate(sec)]
+    if describe_others:
+        seen = {frozenset(pair) for pair, _ in planned}
+        out += [_contrast(family, a, b, "descriptive", groups[a], groups[b], "two-sided", alpha)
+                for a, b in itertools.combinations(groups, 2) if frozenset((a, b)) not in seen]
     return out
 
 
-def conclusion_lines(comparisons: list[Comparison], label=str, alpha: float = ALPHA,
-                     unit: str = "points") -> list[str]:
-    """Markdown bullets: significant differences first (largest first), then the rest."""
-    def n_text(c):
-        return f"n = {c.n_a}" if c.n_a == c.n_b else f"n = {c.n_a} vs {c.n_b}"
+# --- the generated text ------------------------------------------------------------------------
 
-    lines = []
-    sig = sorted((c for c in comparisons if c.verdict != "~"), key=lambda c: -abs(c.mean_a - c.mean_b))
-    for c in sig:
-        hi, lo = (c.a, c.b) if c.verdict == ">" else (c.b, c.a)
-        claim = f"{label(hi)} > {label(lo)}"
-        lines.append(f"- {c.family}: {_emphasis(claim, c.p_holm, alpha)} by {abs(c.mean_a - c.mean_b):.2f} {unit} "
-                     f"(p = {c.p_holm:.3g} Holm, {n_text(c)}){_fragile_note(c.p_holm, alpha)}")
-    for c in comparisons:
-        if c.verdict != "~":
-            continue
-        if math.isnan(c.p):
-            lines.append(f"- {c.family}: {label(c.a)} vs {label(c.b)}: not testable at {n_text(c)} "
-                         "(a test needs two seeds per side and some spread)")
-        else:
-            lines.append(f"- {c.family}: {label(c.a)} vs {label(c.b)}: not distinguishable at {n_text(c)} "
-                         f"(difference {c.mean_a - c.mean_b:+.2f}, p = {c.p_holm:.2g} Holm)"
-                         f"{_fragile_note(c.p_holm, alpha)}")
-    _record(comparisons, alpha)
-    return lines
+def _interval(c) -> str:
+    return "" if math.isnan(c.ci_low) else f", 95 % CI [{c.ci_low:+.2f}, {c.ci_high:+.2f}]"
 
 
 def _emphasis(claim: str, p_adjusted: float, alpha: float) -> str:
@@ -144,26 +203,75 @@ def _fragile_note(p_adjusted: float, alpha: float) -> str:
             if is_fragile(p_adjusted, alpha) else "")
 
 
+def contrast_line(c: Contrast, label=str, alpha: float = ALPHA, unit: str = "points") -> str:
+    """"- family: A − B: +d points, 95 % CI [l, h], n = 5 paired: **A > B** (p = ...)"."""
+    head = f"- {c.family}: {label(c.a)} − {label(c.b)}: {c.diff:+.2f} {unit}{_interval(c)}, n = {c.n} paired"
+    if c.role == "descriptive":
+        return head
+    p_name = "p" if c.role == "primary" else "p Holm"
+    side = "" if c.alternative == "two-sided" else f", one-sided ({label(c.a)} > {label(c.b)} stated beforehand)"
+    if math.isnan(c.p):
+        return head + ": not testable (a paired test needs two seeds and some spread in the differences)"
+    if c.verdict == "~":
+        return (head + f": not distinguishable from 0 ({p_name} = {c.p_adjusted:.2g}{side})"
+                + _fragile_note(c.p_adjusted, alpha))
+    hi, lo = (c.a, c.b) if c.verdict == ">" else (c.b, c.a)
+    return (head + f": {_emphasis(f'{label(hi)} > {label(lo)}', c.p_adjusted, alpha)} "
+            f"({p_name} = {c.p_adjusted:.3g}{side}){_fragile_note(c.p_adjusted, alpha)}")
+
+
+def contrasts_block(contrasts: list[Contrast], label=str, alpha: float = ALPHA, unit: str = "points",
+                    title: str = "Conclusions") -> str:
+    """The report's conclusions: the primary contrast, the secondary ones, then the other pairs
+    as estimates. Records the tested ones (recording_conclusions)."""
+    sections = []
+    for role, head in (("primary", f"**Primary contrast** (tested alone at α = {alpha:g}):"),
+                       ("secondary", "**Secondary contrasts** (planned; Holm-corrected together within "
+                                     "each family):"),
+                       ("descriptive", "Other pairs, described (mean paired difference and its 95 % "
+                                       "interval; not tested, no verdict):")):
+        lines = [contrast_line(c, label, alpha, unit) for c in contrasts if c.role == role]
+        if lines:
+            sections.append(head + "\n\n" + "\n".join(lines))
+    _record([c for c in contrasts if c.role != "descriptive"], alpha)
+    _describe([c for c in contrasts if c.role == "descriptive"])
+    return (f"## {title}\n\n"
+            f"Generated from the runs above. Test: {TEST}. A difference is stated (\"A > B\") only "
+            f"when its adjusted p < {alpha}; {FRAGILE_RULE.split(':')[0]} verdicts are flagged and "
+            "not bolded.\n\n" + "\n\n".join(sections) + "\n")
+
+
 # --- conclusions as data: every report writes the verdicts it states (./run.sh verify) --------
 
-_recording: list[list] = []
+@dataclass
+class Recorded:
+    tested: list      # (contrast or gap change, alpha)
+    described: list   # contrasts shown without a test
+
+
+_recording: list[Recorded] = []
 
 
 @contextlib.contextmanager
 def recording_conclusions():
-    """Collects every comparison whose sentences are generated inside the block (by
-    conclusion_lines / gap_change_lines), for conclusions_record."""
-    entries: list = []
-    _recording.append(entries)
+    """Collects every contrast whose sentences are generated inside the block (by
+    contrasts_block / gap_change_lines), for conclusions_record."""
+    recorded = Recorded([], [])
+    _recording.append(recorded)
     try:
-        yield entries
+        yield recorded
     finally:
         _recording.pop()
 
 
 def _record(items, alpha: float) -> None:
-    for entries in _recording:
-        entries += [(item, alpha) for item in items]
+    for recorded in _recording:
+        recorded.tested += [(item, alpha) for item in items]
+
+
+def _describe(items) -> None:
+    for recorded in _recording:
+        recorded.described += items
 
 
 def conclusion_id(c) -> str:
@@ -173,20 +281,14 @@ def conclusion_id(c) -> str:
     return f"{c.family}: {c.a} vs {c.b}"
 
 
-def conclusions_record(report: str, entries: list) -> dict:
+def conclusions_record(report: str, recorded: Recorded) -> dict:
     """What a report concludes, machine-readable: one entry per tested statement with its
-    verdict (">", "<", "~"), corrected p and whether it is fragile."""
-    return {"report": report, "test": TEST, "fragile_rule": FRAGILE_RULE,
+    role, verdict (">", "<", "~"), adjusted p and whether it is fragile; then the pairs it
+    only describes (estimate and interval)."""
+    return {"report": report, "test": TEST, "interval": INTERVAL, "fragile_rule": FRAGILE_RULE,
             "conclusions": [{"id": conclusion_id(c), **c.to_dict(), "alpha": alpha,
-                             "fragile": is_fragile(c.p_holm, alpha)} for c, alpha in entries]}
-
-
-def conclusions_block(comparisons: list[Comparison], label=str, alpha: float = ALPHA,
-                      unit: str = "points", title: str = "Conclusions") -> str:
-    return (f"## {title}\n\n"
-            f"Generated from the cells above. Test: {TEST}; \"A > B\" only when the corrected "
-            f"p < {alpha}. Anything else is stated as not distinguishable.\n\n"
-            + "\n".join(conclusion_lines(comparisons, label, alpha, unit)) + "\n")
+                             "fragile": is_fragile(c.p_adjusted, alpha)} for c, alpha in recorded.tested],
+            "described": [{"id": conclusion_id(c), **c.to_dict()} for c in recorded.described]}
 
 
 # --- does a difference change between conditions? (the data-size study) -----------------------
@@ -198,52 +300,43 @@ class GapChange:
     b: str            # the reference it is compared with, e.g. "trunc_normal"
     base: str         # the condition the gap is measured from, e.g. the full training set
     other: str        # the condition it is compared at, e.g. 10 % of it
-    gap_base: float   # mean(a) - mean(b) at base
-    gap_other: float  # mean(a) - mean(b) at other
-    n: int            # the smallest group
-    p: float          # two-sided p of gap_other - gap_base (nan: not testable)
-    p_holm: float
+    gap_base: float   # mean over seeds of a - b at base
+    gap_other: float  # mean over seeds of a - b at other
+    ci_low: float     # 95 % t-interval of the mean change (gap_other - gap_base, paired by seed)
+    ci_high: float
+    n: int            # seeds with all four runs
+    p: float          # paired t p of the change (nan: not testable)
+    p_adjusted: float  # Holm over the family
     verdict: str      # ">" (the gap is larger at other), "<" (smaller), "~" (not distinguishable)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def difference_of_differences_p(a_other, b_other, a_base, b_base) -> float:
-    """Two-sided p of (mean a_other - mean b_other) - (mean a_base - mean b_base) = 0, four
-    independent groups: a t-statistic with the Welch-Satterthwaite degrees of freedom (what
-    Welch's test is for two groups). nan when a group has one value or there is no spread."""
-    groups = [np.asarray(g, float) for g in (a_other, b_other, a_base, b_base)]
-    if any(len(g) < 2 for g in groups):
-        return math.nan
-    terms = [g.var(ddof=1) / len(g) for g in groups]
-    se2 = sum(terms)
-    if se2 == 0:
-        return math.nan
-    dof = se2 ** 2 / sum(t ** 2 / (len(g) - 1) for t, g in zip(terms, groups))
-    diff = (groups[0].mean() - groups[1].mean()) - (groups[2].mean() - groups[3].mean())
-    return float(2 * sps.t.sf(abs(diff) / math.sqrt(se2), dof))
-
-
-def compare_gap_changes(groups: dict[tuple[str, str], list[float]], reference: str, base: str,
+def compare_gap_changes(groups: dict[tuple[str, str], dict], reference: str, base: str,
                         family: str = "", alpha: float = ALPHA) -> list[GapChange]:
-    """groups[(variant, condition)] -> values. For every variant but `reference` and every
-    condition but `base`: does variant - reference differ between that condition and `base`?
-    Holm-corrected over all of them (one family)."""
+    """groups[(variant, condition)] -> {seed: value}. For every variant but `reference` and
+    every condition but `base`: does variant - reference differ between that condition and
+    `base`? Per seed, (a - b at other) - (a - b at base): one paired t-test on those, the same
+    seed's four runs sharing their initial weights' spread; Holm over all of them (one family)."""
     variants = [v for v in dict.fromkeys(v for v, _ in groups) if v != reference]
     conditions = [c for c in dict.fromkeys(c for _, c in groups) if c != base]
     pairs = [(v, c) for v in variants for c in conditions]
-    raw = [difference_of_differences_p(groups[v, c], groups[reference, c], groups[v, base],
-                                       groups[reference, base]) for v, c in pairs]
-    testable = [i for i, p in enumerate(raw) if not math.isnan(p)]
-    adjusted = dict(zip(testable, holm([raw[i] for i in testable])))
+
+    def gaps(v, cond):
+        a, b = groups[v, cond], groups[reference, cond]
+        return {s: a[s] - b[s] for s in a if s in b}
+    diffs = [paired_difference(gaps(v, c), gaps(v, base)) for v, c in pairs]
+    testable = [i for i, d in enumerate(diffs) if not math.isnan(d.p)]
+    adjusted = dict(zip(testable, holm([diffs[i].p for i in testable])))
     out = []
     for i, (v, c) in enumerate(pairs):
-        gap = {k: float(np.mean(groups[v, k]) - np.mean(groups[reference, k])) for k in (base, c)}
-        p_holm = adjusted.get(i, math.nan)
-        verdict = "~" if math.isnan(p_holm) or p_holm >= alpha else (">" if gap[c] > gap[base] else "<")
-        n = min(len(groups[k]) for k in ((v, c), (reference, c), (v, base), (reference, base)))
-        out.append(GapChange(family, v, reference, base, c, gap[base], gap[c], n, raw[i], p_holm, verdict))
+        gap = {k: float(np.mean(list(gaps(v, k).values()))) for k in (base, c)}
+        p_adj = adjusted.get(i, math.nan)
+        d = diffs[i]
+        verdict = "~" if math.isnan(p_adj) or p_adj >= alpha else (">" if d.diff > 0 else "<")
+        out.append(GapChange(family, v, reference, base, c, gap[base], gap[c], d.ci_low, d.ci_high,
+                             d.n, d.p, p_adj, verdict))
     return out
 
 
@@ -258,18 +351,21 @@ def gap_change_lines(changes: list[GapChange], label=str, condition=str, unit: s
         parts = []
         for c in group:
             change = c.gap_other - c.gap_base
+            ci = "" if math.isnan(c.ci_low) else f", 95 % CI [{c.ci_low:+.2f}, {c.ci_high:+.2f}]"
             if c.verdict == "~":
                 how = ("not testable" if math.isnan(c.p) else
-                       f"change not distinguishable from 0 ({change:+.2f}, p = {c.p_holm:.2g} Holm)")
+                       f"change not distinguishable from 0 ({change:+.2f}{ci}, p = {c.p_adjusted:.2g} Holm)"
+                       f"{_fragile_note(c.p_adjusted, ALPHA)}")
             else:
-                how = (f"{_emphasis('larger' if c.verdict == '>' else 'smaller', c.p_holm, ALPHA)} by "
-                       f"{abs(change):.2f} {unit} (p = {c.p_holm:.3g} Holm){_fragile_note(c.p_holm, ALPHA)}")
+                how = (f"{_emphasis('larger' if c.verdict == '>' else 'smaller', c.p_adjusted, ALPHA)} by "
+                       f"{abs(change):.2f} {unit}{ci} (p = {c.p_adjusted:.3g} Holm)"
+                       f"{_fragile_note(c.p_adjusted, ALPHA)}")
             parts.append(f"{c.gap_other:+.2f} at {condition(c.other)}: {how}")
-        larger = [condition(c.other) for c in group if c.verdict == ">"]
-        smaller = [condition(c.other) for c in group if c.verdict == "<"]
+        larger = [condition(c.other) for c in group if c.verdict == ">" and not is_fragile(c.p_adjusted)]
+        smaller = [condition(c.other) for c in group if c.verdict == "<" and not is_fragile(c.p_adjusted)]
         if not larger and not smaller:
             verdict = (f"No change of the gap between {condition(first.base)} and the other sizes is "
-                       f"supported at n = {min(c.n for c in group)}.")
+                       f"supported at n = {min(c.n for c in group)} (fragile verdicts aside).")
         else:
             verdict = " ".join(
                 f"The gap is {word} at {', '.join(where)} than at {condition(first.base)}."

@@ -35,7 +35,12 @@ def _what_ran(params, study, extra, runs):
     extra = ". ".join(e for e in (extra, runs.attrs["ran_with"]) if e)
     return ("What ran: " + report.what_ran(params, s["datasets"], s["seeds"], extra, vit=study != "convmixer")
             + " Final-epoch test "
-            "accuracy (%), mean ± std over seeds, 95% CI = t-interval of the mean, n = seeds.")
+            "accuracy (%), mean ± std over seeds, n = seeds; " + stats.INTERVAL + ".")
+
+
+def versus(reference: str):
+    """A study's plan: every other value against `reference` (when the study has it)."""
+    return lambda values: [(v, reference) for v in values if v != reference] if reference in values else []
 
 
 def _collect(runs: list[Run], logged=()):
@@ -48,7 +53,8 @@ def _collect(runs: list[Run], logged=()):
     def params_of(r):
         logged_params = yaml.safe_load((r.dir / "params.yaml").read_text()) if logged else {}
         return {k: logged_params[k] for k in logged}
-    frame = pd.DataFrame([{**r.fields, **read_cell(r.folder, r.seed)[0], **params_of(r)} for r in runs])
+    frame = pd.DataFrame([{**r.fields, "seed": r.seed, **read_cell(r.folder, r.seed)[0], **params_of(r)}
+                          for r in runs])
     frame.attrs["ran_with"] = ran_with(r.dir for r in runs)       # for _what_ran
     return frame
 
@@ -64,7 +70,9 @@ def convmixer(params, main: Path, studies: Path, out: Path, figures: Path | None
             + _what_ran(params, "convmixer", f"ConvMixer sizes: {sizes}", runs) + "\n\n"
             + report.study_table(runs, "size", "mode", rows=s["sizes"], cols=s["modes"],
                                  quoted=paper.CONVMIXER, paper_dataset="cifar10") + "\n\n"
-            + stats.conclusions_block(report.pairwise_comparisons(runs, "mode", within="size")) + "\n"
+            + stats.contrasts_block(report.study_contrasts(runs, "mode", versus("learned"), within="size"))
+            + "\nPlanned: each frozen mode against learned filters, per size (the premise: a frozen "
+            "impulse trains about as well as learned filters).\n\n"
             + report.paper_block("ConvMixer on CIFAR-10 (top-1 %, quoted from the paper)",
                                  paper.CONVMIXER, {m: m for m in FILTER_MODES},
                                  "Single runs. Also quoted: a ViT with width 256 and 8 heads, "
@@ -92,7 +100,8 @@ def pseudo_input(params, main: Path, studies: Path, out: Path, figures: Path | N
             + report.study_table(runs, "variant", "kernel", rows=variants, cols=[impulse_init(k)],
                                  quoted=paper.PSEUDO_INPUT, paper_dataset="cifar10",
                                  row_label=label, col_label=init_label) + "\n\n"
-            + stats.conclusions_block(report.pairwise_comparisons(runs, "variant"), label) + "\n"
+            + stats.contrasts_block(report.study_contrasts(runs, "variant", versus(main_row)), label)
+            + "\nPlanned: each variant against the main grid's pseudo-input.\n\n"
             + report.paper_block(f"pseudo-input ablation on CIFAR-10 (top-1 %, {init_label(paper_init)})",
                                  paper.PSEUDO_INPUT, {paper_init: init_label(paper_init)},
                                  "Single runs. P → P with one shared solve is the paper's best "
@@ -114,8 +123,9 @@ def heads_width(params, main: Path, studies: Path, out: Path, figures: Path | No
             + report.study_table(runs, "shape", "init", rows=shapes, cols=list(s["inits"]),
                                  quoted=paper.HEADS_WIDTH, paper_dataset="cifar100",
                                  col_label=init_label) + "\n\n"
-            + stats.conclusions_block(report.pairwise_comparisons(runs, "init", within="shape"), init_label)
-            + "\n" + report.paper_block(
+            + stats.contrasts_block(report.study_contrasts(runs, "init", versus("trunc_normal"), within="shape"),
+                                    init_label)
+            + "\nPlanned: each initializer against Trunc Normal, per shape.\n\n" + report.paper_block(
                 "heads and width on CIFAR-100 (top-1 %, quoted from the paper)",
                 {"recipe (ViT-T/h3)": {i: paper.MAIN[i]["cifar100"] for i in paper.HEADS_WIDTH_INITS},
                  **paper.HEADS_WIDTH},
@@ -150,7 +160,9 @@ def data_size(params, main: Path, studies: Path, out: Path, figures: Path | None
             + report.study_table(runs, "init", "size", rows=list(s["inits"]), cols=sizes,
                                  row_label=init_label, col_label=images) + "\n\n"
             + figures_md
-            + stats.conclusions_block(report.pairwise_comparisons(runs, "init", within="size"), init_label)
+            + stats.contrasts_block(report.study_contrasts(runs, "init", versus("trunc_normal"), within="size"),
+                                    init_label)
+            + "\nPlanned: each initializer against Trunc Normal, per size.\n"
             + _gap_block(runs, s, images)
             + "\n" + report.paper_main_block(s["inits"], note=(
                 "The paper has no data-size study. Its datasets differ in size and, for ImageNet-1K, "
@@ -179,16 +191,17 @@ def _gap_block(runs, s, condition) -> str:
         return ""
     changes = []
     for d, rows in runs.groupby("dataset", sort=False):
-        groups = {key: g.acc.tolist() for key, g in rows.groupby(["init", "size"], sort=False)}
+        groups = {key: dict(zip(g.seed.tolist(), g.acc.tolist()))
+                  for key, g in rows.groupby(["init", "size"], sort=False)}
         full = rows[rows.fraction == 1.0]["size"].iloc[0]
         smaller = [z for z in reversed(list(dict.fromkeys(rows["size"]))) if z != full]  # largest first
         changes += stats.compare_gap_changes({(i, z): groups[i, z] for i in s["inits"] for z in [full] + smaller},
                                              reference="trunc_normal", base=full, family=d)
     return ("\n## Does the gap to Trunc Normal change as the data shrinks?\n\n"
             "Generated: each initializer's difference to Trunc Normal at each smaller size against "
-            "the same difference on the main grid's set (difference of differences: t-test with "
-            "Welch-Satterthwaite degrees of freedom, Holm-corrected over the dataset's tests); a "
-            "change is stated only when the corrected p < 0.05.\n\n"
+            "the same difference on the main grid's set, paired by seed: per seed, (gap at the size) − "
+            "(gap on the full set), a paired t-test on those, Holm-corrected over the dataset's tests; a "
+            "change is stated only when the corrected p < 0.05 and not fragile.\n\n"
             + "\n".join(stats.gap_change_lines(changes, init_label, condition)) + "\n"
             + near_chance_caveat(runs))
 
@@ -207,6 +220,33 @@ def near_chance_caveat(runs) -> str:
     return ("\nCaveat, generated: " + "; ".join(notes) + ".\n") if notes else ""
 
 
-STUDY_REPORTS = {"convmixer": convmixer, "pseudo_input": pseudo_input, "heads_width": heads_width,
-                 "data_size": data_size}
+_REPORTS = {"convmixer": convmixer, "pseudo_input": pseudo_input, "heads_width": heads_width,
+            "data_size": data_size}
+TITLES = {"convmixer": "ConvMixer: learned vs frozen spatial filters",
+          "pseudo_input": "Pseudo-input ablation for the structured init",
+          "heads_width": "Heads and width: structured init vs baselines",
+          "data_size": "When does it matter? Accuracy against training-set size"}
+
+
+def off_report(params: dict, study: str) -> str:
+    """The report of a study the params switch off (studies.<study>.datasets: [])."""
+    return (f"# {TITLES[study]}\n\n"
+            f"**Not run in this configuration**: `studies.{study}.datasets` is empty. The embedded default "
+            "spends its time budget on the main grid at its full epoch budget and leaves this study out "
+            "(docs/studies.md: what it costs). Bring it back with\n\n"
+            f"    dvc exp run -S 'studies.{study}.datasets=[digits]'\n")
+
+
+def _report(study: str):
+    def write(params, main: Path, studies: Path, out: Path, figures: Path | None = None) -> str:
+        if not params["studies"][study]["datasets"]:
+            if figures is not None:                           # no stale figure of an earlier run
+                for stale in Path(figures).glob("*.png"):
+                    stale.unlink()
+            return off_report(params, study)
+        return _REPORTS[study](params, main, studies, out, figures)
+    return write
+
+
+STUDY_REPORTS = {study: _report(study) for study in _REPORTS}
 assert set(STUDY_REPORTS) == set(STUDIES), "every study in cells.STUDIES has a report here"

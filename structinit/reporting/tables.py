@@ -3,18 +3,19 @@
 A frame of runs has one row per trained run, one seed of a cell: (dataset, init, seed, acc, ...)
 with init one of the baselines or "impulse<k>" (names: cells.py). Accuracy is the *final-epoch*
 test accuracy (no model selection on the test set), in percent, as mean +- std over seeds (std
-with ddof=1), with n and a 95 % t-interval; which differences the seeds support is decided in
+with ddof=1), with n and a 95 % interval; which differences the seeds support is decided in
 stats.py.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 
 import pandas as pd
 from tabulate import tabulate
 
 from structinit.pipeline.cells import impulse_init
-from structinit.reporting.stats import Comparison, compare_all, summarize
+from structinit.reporting.stats import Contrast, planned_contrasts, summarize
 from structinit.reporting.presentation import init_label
 
 from structinit.reporting import paper
@@ -41,8 +42,10 @@ def paper_main_block(inits=None, note: str = "") -> str:
 
 
 def seed_stats(runs: pd.DataFrame, value: str = "acc", keys=("dataset", "init")) -> pd.DataFrame:
-    """keys -> mean, std (ddof=1), n and 95 % t-interval of `value` over seeds."""
-    rows = {key: asdict(summarize(g[value])) for key, g in runs.groupby(list(keys), sort=False)}
+    """keys -> mean, std (ddof=1), n and 95 % interval of `value` over seeds (accuracies: on the
+    logit scale, within [0, 100]: stats.INTERVAL)."""
+    rows = {key: asdict(summarize(g[value], bounded=value == "acc"))
+            for key, g in runs.groupby(list(keys), sort=False)}
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis(list(keys))
 
 
@@ -106,10 +109,12 @@ def preopt_table(preopt: pd.DataFrame) -> str:
                                    "solves"], tablefmt="github", disable_numparse=True)
 
 
-def summary(runs: pd.DataFrame, datasets: list[str], inits: list[str], ours: str) -> dict:
+def summary(runs: pd.DataFrame, datasets: list[str], inits: list[str], ours: str,
+            primary: dict | None = None) -> dict:
     """Headline numbers for `dvc metrics show/diff`: per dataset, each init's mean, std, n
-    and 95 % interval, and `ours` (the structured init at init.kernel) with its delta to
-    Trunc Normal."""
+    and 95 % interval; `ours` (the structured init at init.kernel) with its difference of means
+    to Trunc Normal; and `primary`, the planned primary contrast (paired by seed: mean
+    difference, its interval, p, n) under the same keys whatever arms it names."""
     stats = seed_stats(runs)
     out: dict = {}
     for ds in datasets:
@@ -121,15 +126,17 @@ def summary(runs: pd.DataFrame, datasets: list[str], inits: list[str], ours: str
         d["ours"] = {"init": ours, **d[ours]}
         if "trunc_normal" in d:
             d["ours"]["delta_vs_trunc_normal"] = round(d[ours]["acc"] - d["trunc_normal"]["acc"], 3)
+        c = (primary or {}).get(ds)
+        if c is not None:
+            d["primary"] = {"contrast": f"{c.a} - {c.b}", "diff": round(c.diff, 3),
+                            "ci95": None if math.isnan(c.ci_low) else [round(c.ci_low, 3), round(c.ci_high, 3)],
+                            "p": None if math.isnan(c.p) else round(c.p, 5), "n": c.n,
+                            "alternative": c.alternative, "verdict": c.verdict}
         out[ds] = d
     return out
 
 
 # --- "What ran": how a run departs from the paper ------------------------------------------
-
-# Where the paper's recipe flattens out on digits: `python -m benchmarks.epochs` (README).
-DIGITS_EPOCHS_TO_CONVERGE = 80
-
 
 def recipe_departures(rec: dict, dataset: str | None = None) -> list[str]:
     """How a dataset's recipe departs from the paper's on that dataset (paper.recipe_of: the
@@ -166,12 +173,6 @@ def what_ran(params: dict, datasets, seeds, extra: str = "", vit: bool = True) -
         rec = params["recipes"][ds]
         dep = recipe_departures(rec if vit else {"train": rec["train"], "model": {}}, ds)
         parts.append(f"{ds}: the paper's recipe" + (", departing in: " + "; ".join(dep) if dep else ", unchanged"))
-        if ds == "digits" and rec["train"]["epochs"] < DIGITS_EPOCHS_TO_CONVERGE:
-            parts.append(f"{rec['train']['epochs']} epochs is short of convergence under the paper's "
-                         f"optimizer on digits (about {DIGITS_EPOCHS_TO_CONVERGE} needed: "
-                         "`python -m benchmarks.epochs`, README "
-                         "\"The embedded default's recipe\"), so these numbers rank how fast each "
-                         "initializer starts learning")
     if vit:                                                  # ConvMixer studies have no ViT init
         parts.append("structured init: " + init_description(params["solve"]))
     return ". ".join(parts) + (f". {extra}" if extra else "") + "."
@@ -201,16 +202,18 @@ def study_table(runs: pd.DataFrame, row_key: str, col_key: str, *, rows: list, c
                     tablefmt="github", disable_numparse=True)
 
 
-def pairwise_comparisons(runs: pd.DataFrame, group_key: str, within: str | None = None) -> list[Comparison]:
-    """Every pair of `group_key` values (in the runs' order), per dataset and per `within`
-    value: one Holm family each."""
+def study_contrasts(runs: pd.DataFrame, group_key: str, plan, within: str | None = None,
+                    value: str = "acc") -> list[Contrast]:
+    """Per dataset (and `within` value, one family each): the `group_key` values paired by seed;
+    plan(values) -> the planned pairs (a, b), Holm-corrected within the family; every other
+    pair is described without a test (stats.planned_contrasts)."""
     out = []
     keys = ["dataset"] + ([within] if within else [])
     for key, sub in runs.groupby(keys, sort=False):
         key = key if isinstance(key, tuple) else (key,)
-        family = ", ".join(str(k) for k in key)
-        groups = {g: sub[sub[group_key] == g].acc.tolist() for g in dict.fromkeys(sub[group_key])}
-        out += compare_all(groups, family=family)
+        groups = {g: dict(zip(rows.seed.tolist(), rows[value].tolist()))
+                  for g, rows in ((g, sub[sub[group_key] == g]) for g in dict.fromkeys(sub[group_key]))}
+        out += planned_contrasts(groups, family=", ".join(str(k) for k in key), secondary=plan(list(groups)))
     return out
 
 

@@ -36,7 +36,7 @@ def data_size_figure(cells: pd.DataFrame, dataset: str):
     for k, init in enumerate(inits):
         cell = rows[rows.init == init]
         shift = DODGE ** (k - (len(inits) - 1) / 2)
-        stats = [(n, summarize(g.acc)) for n, g in cell.groupby("train_images")]
+        stats = [(n, summarize(g.acc, bounded=True)) for n, g in cell.groupby("train_images")]
         x = [n * shift for n, _ in stats]
         mean = [s.mean for _, s in stats]
         low = [s.mean - s.ci_low if s.n > 1 else 0 for _, s in stats]

@@ -1,0 +1,60 @@
+"""Is the epoch budget converged? The epoch benchmark's criterion (benchmarks/epochs.py), read
+by the benchmark and by the main report, so the sentence the report prints about its own
+budget comes from the benchmark's committed output (benchmarks/epochs.csv), not from prose.
+
+A budget B is converged when doubling it moves no arm's mean final accuracy by more than
+`tolerance` points (1 by default), each budget a complete run (warm-up and cosine scaled to it).
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+TOLERANCE = 1.0
+
+
+def budget_finals(curves: pd.DataFrame) -> pd.DataFrame:
+    """benchmarks/epochs.csv (every evaluated epoch) -> one row per (dataset, init, budget,
+    seed): the final epoch's test accuracy."""
+    keys = [k for k in ("dataset", "init", "budget", "seed") if k in curves]
+    return curves.loc[curves.groupby(keys).epoch.idxmax()].reset_index(drop=True)
+
+
+def doubling_moves(finals: pd.DataFrame) -> dict[int, dict[str, float]]:
+    """{B: {arm: mean at 2B - mean at B}} for every budget B whose double also ran."""
+    means = finals.groupby(["init", "budget"]).test_acc.mean()
+    budgets = sorted(int(b) for b in finals.budget.unique())
+    arms = list(dict.fromkeys(finals.init))
+    return {b: {i: float(means[i, 2 * b] - means[i, b]) for i in arms} for b in budgets if 2 * b in budgets}
+
+
+def converged_budget(finals: pd.DataFrame, tolerance: float = TOLERANCE) -> int | None:
+    """The smallest budget whose double moves no arm's mean by more than `tolerance`; None if none."""
+    for b, moves in doubling_moves(finals).items():
+        if max(abs(m) for m in moves.values()) <= tolerance:
+            return b
+    return None
+
+
+def budget_sentence(finals: pd.DataFrame, epochs: int, label=str, tolerance: float = TOLERANCE) -> str:
+    """What the benchmark says about a run of `epochs` epochs, one sentence for "What ran"."""
+    moves = doubling_moves(finals)
+    chosen = converged_budget(finals, tolerance)
+    n = finals.seed.nunique()
+    if epochs in moves:
+        worst = max(moves[epochs], key=lambda i: abs(moves[epochs][i]))
+        move = moves[epochs][worst]
+        if abs(move) <= tolerance:
+            return (f"Epoch budget {epochs}: converged by the epoch benchmark's criterion (benchmarks/epochs.md, "
+                    f"n = {n} seeds): doubling it to {2 * epochs} moves no arm's mean by more than "
+                    f"{abs(move):.2f} points ({label(worst)}; tolerance {tolerance:g})")
+        others = [i for i, m in moves[epochs].items() if abs(m) > tolerance and i != worst]
+        return (f"Epoch budget {epochs}: NOT converged by the epoch benchmark's criterion (benchmarks/epochs.md, "
+                f"n = {n} seeds): doubling it to {2 * epochs} moves {label(worst)}'s mean by {move:+.2f} points"
+                + (f" (and {', '.join(f'{label(i)} {moves[epochs][i]:+.2f}' for i in others)})" if others else "")
+                + f", more than the tolerance of {tolerance:g}; differences involving "
+                + ("these arms" if others else "this arm") + " still describe how far training got")
+    if chosen is not None and epochs < chosen:
+        return (f"Epoch budget {epochs}: short of convergence (the epoch benchmark, benchmarks/epochs.md, "
+                f"finds {chosen} epochs the smallest converged budget), so these numbers rank how fast "
+                "each initializer starts learning")
+    return f"Epoch budget {epochs}: not one the epoch benchmark (benchmarks/epochs.md) measured"
