@@ -145,6 +145,7 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
         kernel_block = stats.contrasts_block(kernel_cmp, init_label, title="Differences between kernels") + (
             "\nThe planned test of Imp.-3 vs Imp.-5, where params.yaml names it, is in main_table.md.\n")
     confound = confound_section(contrasts, grid["datasets"], ours, plan.alpha)
+    table = report.main_table(runs, grid["datasets"], inits, ours)
     texts["main_table.md"] = (
         "# Main table: test accuracy (%) by initializer\n\n"
         "Final-epoch top-1, mean ± std over seeds; in brackets the difference of the means to "
@@ -152,13 +153,13 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
         "the paper's single-run number (ViT-T/2, 200 epochs) where it has one.\n\n"
         f"What ran: {run}\n\n"
         + figures_md
-        + report.main_table(runs, grid["datasets"], inits, ours) + "\n\n"
+        + table + "\n\n"
         + main_block + "\n" + confound
         + report.paper_main_block())
     primary_lines = [stats.contrast_line(c, init_label, plan.alpha) for ds in grid["datasets"]
                      for c in contrasts[ds] if c.role == "primary"]
     texts["headline.md"] = (            # what the top-level README quotes (tests/test_readme_numbers.py)
-        report.main_table(runs, grid["datasets"], inits, ours) + "\n\n"
+        table + "\n\n"
         "Final-epoch test accuracy (%), mean ± std over seeds (in brackets: difference to Trunc Normal), "
         f"n = {len(grid['seeds'])} seeds. Primary contrast, paired by seed:\n\n" + "\n".join(primary_lines) + "\n"
         + "".join(f"\n{ds}: {budget_sentence(budgets[ds], epochs[ds], init_label)}.\n" for ds in budgets))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 from scipy import stats as sps
@@ -146,19 +146,18 @@ class Contrast:
         return asdict(self)
 
 
-def _contrast(family, a, b, role, ga, gb, alternative, alpha, p_adjusted=None) -> Contrast:
-    d = paired_difference(ga, gb, alternative if role != "descriptive" else "two-sided")
+def _verdict(diff: float, p_adjusted: float, alpha: float) -> str:
+    return "~" if math.isnan(p_adjusted) or p_adjusted >= alpha else (">" if diff > 0 else "<")
+
+
+def _contrast(family, a, b, role, ga, gb, alternative, alpha) -> Contrast:
+    """One pair, paired by seed; a tested one's adjusted p is its own p (Holm is applied after)."""
+    tested = role != "descriptive"
+    d = paired_difference(ga, gb, alternative if tested else "two-sided")
     ma, mb = float(np.mean(list(ga.values()))), float(np.mean(list(gb.values())))
-    p = d.p if role != "descriptive" else math.nan
-    p_adj = math.nan if role == "descriptive" else (p if p_adjusted is None else p_adjusted)
-    if role == "descriptive":
-        verdict = ""
-    elif math.isnan(p_adj) or p_adj >= alpha:
-        verdict = "~"
-    else:
-        verdict = ">" if d.diff > 0 else "<"
+    p = d.p if tested else math.nan
     return Contrast(family, a, b, role, ma, mb, d.diff, d.ci_low, d.ci_high, d.n,
-                    alternative if role != "descriptive" else "two-sided", p, p_adj, verdict)
+                    alternative if tested else "two-sided", p, p, _verdict(d.diff, p, alpha) if tested else "")
 
 
 def planned_contrasts(groups: dict[str, dict], *, family: str = "", primary: tuple | None = None,
@@ -171,16 +170,11 @@ def planned_contrasts(groups: dict[str, dict], *, family: str = "", primary: tup
     planned = [(tuple(primary), "primary")] if primary else []
     planned += [(tuple(pair), "secondary") for pair in secondary]
     planned = [(pair, role) for pair, role in planned if pair[0] in groups and pair[1] in groups]
-    out = []
-    for (a, b), role in planned:
-        if role == "primary":
-            out.append(_contrast(family, a, b, role, groups[a], groups[b], alternative, alpha))
-    sec = [(a, b) for (a, b), role in planned if role == "secondary"]
-    raw = [paired_difference(groups[a], groups[b]).p for a, b in sec]
-    testable = [i for i, p in enumerate(raw) if not math.isnan(p)]
-    adjusted = dict(zip(testable, holm([raw[i] for i in testable])))
-    out += [_contrast(family, a, b, "secondary", groups[a], groups[b], "two-sided", alpha, adjusted.get(i, math.nan))
-            for i, (a, b) in enumerate(sec)]
+    out = [_contrast(family, a, b, role, groups[a], groups[b], alternative if role == "primary" else "two-sided",
+                     alpha) for (a, b), role in planned]
+    testable = [i for i, c in enumerate(out) if c.role == "secondary" and not math.isnan(c.p)]
+    for i, p_adj in zip(testable, holm([out[i].p for i in testable])):
+        out[i] = replace(out[i], p_adjusted=p_adj, verdict=_verdict(out[i].diff, p_adj, alpha))
     if describe_others:
         seen = {frozenset(pair) for pair, _ in planned}
         out += [_contrast(family, a, b, "descriptive", groups[a], groups[b], "two-sided", alpha)
@@ -334,7 +328,7 @@ def compare_gap_changes(groups: dict[tuple[str, str], dict], reference: str, bas
         gap = {k: float(np.mean(list(gaps(v, k).values()))) for k in (base, c)}
         p_adj = adjusted.get(i, math.nan)
         d = diffs[i]
-        verdict = "~" if math.isnan(p_adj) or p_adj >= alpha else (">" if d.diff > 0 else "<")
+        verdict = _verdict(d.diff, p_adj, alpha)
         out.append(GapChange(family, v, reference, base, c, gap[base], gap[c], d.ci_low, d.ci_high,
                              d.n, d.p, p_adj, verdict))
     return out
