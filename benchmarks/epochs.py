@@ -1,7 +1,8 @@
 """How many epochs the paper's recipe needs on the embedded default (digits): the evidence
 behind `recipes.digits.train.epochs`.
 
-    python -m benchmarks.epochs                      # budgets 40 80 160, seeds 0 1 2, every arm
+    python -m benchmarks.epochs                      # budgets 40 80 160 320, seeds 0 1 2, every arm (~2.5 h)
+    python -m benchmarks.epochs --budgets 320 --add  # one budget more, keeping <out>.csv's others
     python -m benchmarks.epochs --budgets 10 20 --seeds 0 1 2 --inits trunc_normal impulse3
 
 Trains the digits recipe of params.yaml (the paper's optimizer, eps, clipping, label
@@ -84,6 +85,8 @@ def report(curves: pd.DataFrame, tolerance: float, seeds: list[int], warmup_pref
                      tablefmt="github")
     longest = curves[curves.budget == budgets[-1]]
     epochs = sorted(longest.epoch.unique())
+    stride = max(1, len(epochs) // 16)          # at most ~16 columns, the last epoch always shown
+    epochs = [e for k, e in enumerate(epochs) if k % stride == stride - 1 or e == epochs[-1]]
     during = tabulate([[init_label(i)] + [f"{longest[(longest.init == i) & (longest.epoch == e)].test_acc.mean():.1f}"
                                           for e in epochs] for i in arms],
                       headers=["init"] + [str(e) for e in epochs], tablefmt="github")
@@ -99,12 +102,14 @@ def report(curves: pd.DataFrame, tolerance: float, seeds: list[int], warmup_pref
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--budgets", type=int, nargs="+", default=[40, 80, 160])
+    ap.add_argument("--budgets", type=int, nargs="+", default=[40, 80, 160, 320])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--inits", nargs="+", default=ARMS)
     ap.add_argument("--warmup-prefix", action="store_true", help="cosine from the end of warm-up (not the paper's)")
     ap.add_argument("--tolerance", type=float, default=1.0, help="points a doubling may move an arm's mean")
     ap.add_argument("--out", default="benchmarks/epochs", help="writes <out>.csv and <out>.md")
+    ap.add_argument("--add", action="store_true",
+                    help="keep <out>.csv's other budgets (same seeds) and add or replace these")
     ap.add_argument("--report-only", action="store_true",
                     help="train nothing: rewrite <out>.md from <out>.csv (this machine's CPU named)")
     a = ap.parse_args()
@@ -121,13 +126,23 @@ def main():
         rec = yaml.safe_load(f)["recipes"]["digits"]
     data = prepare_dataset("digits")
     frames = []
+    if a.add and Path(f"{a.out}.csv").exists():
+        kept = pd.read_csv(f"{a.out}.csv")
+        kept = kept[~kept.budget.isin(a.budgets)]
+        if set(kept.seed) - set(a.seeds) or set(kept.init) - set(a.inits):
+            ap.error(f"--add: {a.out}.csv holds seeds {sorted(set(kept.seed))} and arms "
+                     f"{sorted(set(kept.init))}; add budgets with the same --seeds and --inits")
+        frames.append(kept)
     for b in sorted(a.budgets):
         t0 = time.perf_counter()
         frames.append(run_budget(data, rec, a.inits, a.seeds, b, a.warmup_prefix))
         final = budget_finals(frames[-1])
         print(f"{b} epochs ({time.perf_counter() - t0:.0f} s): " + ", ".join(
             f"{init_label(i)} {g.test_acc.mean():.2f}" for i, g in final.groupby("init", sort=False)), flush=True)
+        # Saved as each budget ends: an interrupted run keeps the budgets it finished.
+        pd.concat(frames, ignore_index=True).to_csv(f"{a.out}.partial.csv", index=False)
     curves = pd.concat(frames, ignore_index=True)
+    curves = curves.sort_values("budget", kind="stable").reset_index(drop=True)
     text = report(curves, a.tolerance, a.seeds, a.warmup_prefix,
                   f"{cpu_model()}, {torch.get_num_threads()} threads")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

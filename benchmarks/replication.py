@@ -56,6 +56,9 @@ def main():
     ap.add_argument("--seeds", type=int, nargs="+", help="default: as many as grid.seeds, after the largest")
     ap.add_argument("--keep", action="store_true", help="keep the temporary copy (its path is printed)")
     ap.add_argument("--out", default="benchmarks/replication.md", help="where the verdicts are written")
+    ap.add_argument("--again", type=Path, metavar="JSON",
+                    help="train nothing: compare with this replication's conclusions (a kept copy's "
+                         "reports/conclusions/main_table.json, run on --seeds)")
     a = ap.parse_args()
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     seeds = params["grid"]["seeds"]
@@ -63,11 +66,21 @@ def main():
     if set(new) & set(seeds):
         raise SystemExit(f"--seeds {new} overlap grid.seeds {seeds}: a replication needs disjoint seeds")
     original = json.loads((REPO / "reports/conclusions/main_table.json").read_text())
+    if a.again is not None:
+        if not a.seeds:
+            ap.error("--again needs the --seeds that replication ran on")
+        text = replication_report(original, json.loads(a.again.read_text()), seeds, new)
+        Path(a.out).write_text(text)
+        print(text)
+        return
     tmp = Path(tempfile.mkdtemp(prefix="structinit-replication-"))
     try:
         repo = tmp / "repo"
         copy_tree(repo)
         params["grid"]["seeds"] = new
+        for study in params.get("studies", {}).values():   # a study's seeds are a subset of the grid's
+            if "seeds" in study:                           # (only the main table runs here)
+                study["seeds"] = new[:len(study["seeds"])]
         (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
                    DVC_NO_ANALYTICS="1", STRUCTINIT_CKPT_DIR=str(repo / ".ckpt"),

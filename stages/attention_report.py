@@ -19,10 +19,13 @@ def main():
     ap.add_argument("--results", default="results/train", help="the trained cells (their logged dtype and CPU)")
     ap.add_argument("--out", default="reports/attention.md")
     ap.add_argument("--figures", default="reports/figures/attention")
+    ap.add_argument("--epoch-budgets", default="benchmarks/epochs.csv",
+                    help="the epoch benchmark's output: is the trained models' budget converged?")
     a = ap.parse_args()
     params = load_params()
     with stats.recording_conclusions() as conclusions:
-        text = attention_report(params, Path(a.analysis), Path(a.results), Path(a.figures))
+        text = attention_report(params, Path(a.analysis), Path(a.results), Path(a.figures),
+                                Path(a.epoch_budgets))
     write_text(a.out, text)
     write_conclusions(a.out, stats.conclusions_record(Path(a.out).name, conclusions))
     print(text[:2000])

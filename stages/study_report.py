@@ -10,6 +10,7 @@ from pathlib import Path
 
 from stages.common import load_params, run_stage, write_conclusions, write_text
 from structinit.reporting import stats
+from structinit.reporting.budget import read_budget_finals
 from structinit.reporting.study_reports import STUDY_REPORTS
 
 
@@ -20,13 +21,16 @@ def main():
     ap.add_argument("--studies", default="results/studies")
     ap.add_argument("--out", required=True)
     ap.add_argument("--figures", help="data_size: the folder of its figures, <dataset>.png")
+    ap.add_argument("--epoch-budgets", default="benchmarks/epochs.csv",
+                    help="the epoch benchmark's output: is the study's budget converged?")
     a = ap.parse_args()
     if (a.study == "data_size") != bool(a.figures):
         ap.error("--figures FOLDER goes with the data_size study, and only with it")
     params = load_params()
     with stats.recording_conclusions() as conclusions:
         text = STUDY_REPORTS[a.study](params, Path(a.main), Path(a.studies), Path(a.out),
-                                      Path(a.figures) if a.figures else None)
+                                      Path(a.figures) if a.figures else None,
+                                      read_budget_finals(Path(a.epoch_budgets), params["studies"][a.study]["datasets"]))
     write_text(a.out, text)
     write_conclusions(a.out, stats.conclusions_record(Path(a.out).name, conclusions))
     print(text)

@@ -165,6 +165,10 @@ def test_study_stages_build_their_tables_reusing_main_cells(tiny_repo):
     assert "Steps held: digits 150 images (50 %): 6 epochs × 2 = 12 steps; digits 300 images (100 %): " \
            "3 epochs × 4 = 12 steps" in size
     assert (repo / "reports/figures/data_size/digits.png").exists()
+    # each report says what the epoch benchmark (benchmarks/epochs.csv) makes of its budget
+    assert "digits: Epoch budget 3: " in size and "the main grid's budget, whose steps this study holds" in size
+    for name in ("main_table", "attention", "pseudo_input", "heads_width"):
+        assert "digits: Epoch budget 3: " in (repo / f"reports/{name}.md").read_text(), name
     # attention: every main-grid cell analysed (depth 1: one block), the report and its figures
     assert r.stdout.count("Running stage 'analyze_") == 3 and "Running stage 'train_" not in r.stdout
     attention = (repo / "reports/attention.md").read_text()

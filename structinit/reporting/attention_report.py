@@ -15,6 +15,7 @@ from structinit.io import load_checked
 from structinit.pipeline import cells
 from structinit.pipeline.cells import impulse_kernel, main_cell, main_stage, seed_dir
 from structinit.reporting import attention_tables as summary
+from structinit.reporting.budget import budget_sentences, read_budget_finals
 from structinit.reporting import stats
 from structinit.reporting import tables as report
 from structinit.reporting.figures import attention as attention_fig
@@ -119,9 +120,11 @@ def dataset_section(ds, analysis: Path, figures: Path, *, inits, impulse_inits, 
             + summary.cka_table(init_vs_trained, between) + "\n\n" + cka_figures)
 
 
-def attention_report(params: dict, analysis: Path, results: Path, figures: Path) -> str:
+def attention_report(params: dict, analysis: Path, results: Path, figures: Path,
+                     epoch_budgets: Path | None = None) -> str:
     """The report's markdown; writes its figures under `figures`. analysis: the analyze stages'
-    folder; results: the trained cells' (their logged dtype and CPU, for "What ran")."""
+    folder; results: the trained cells' (their logged dtype and CPU, for "What ran");
+    epoch_budgets: benchmarks/epochs.csv, whether the trained models' budget is converged."""
     analysis, results, figures = Path(analysis), Path(results), Path(figures)
     grid = params["grid"]
     inits = cells.main_inits(params)
@@ -139,6 +142,9 @@ def attention_report(params: dict, analysis: Path, results: Path, figures: Path)
     text = ("# Attention and representations: what each initializer does, at init and after training\n\n"
             "What ran: " + report.what_ran(params, grid["datasets"], grid["seeds"], ran_with(
                 seed_dir(results / main_cell(d, i), s) for d, i, s in cells.main_runs(params)))
+            + budget_sentences(read_budget_finals(epoch_budgets, grid["datasets"]),
+                               {ds: params["recipes"][ds]["train"]["epochs"] for ds in grid["datasets"]},
+                               init_label)
             + " The main grid's "
             "models (seed by seed), rebuilt at initialization and loaded trained, on the first "
             "test images (stage analyze). Attention figures show the first seed; tables and "

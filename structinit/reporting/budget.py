@@ -7,6 +7,8 @@ A budget B is converged when doubling it moves no arm's mean final accuracy by m
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 TOLERANCE = 1.0
@@ -58,3 +60,22 @@ def budget_sentence(finals: pd.DataFrame, epochs: int, label=str, tolerance: flo
                 f"finds {chosen} epochs the smallest converged budget), so these numbers rank how fast "
                 "each initializer starts learning")
     return f"Epoch budget {epochs}: not one the epoch benchmark (benchmarks/epochs.md) measured"
+
+
+def read_budget_finals(path: Path | None, datasets) -> dict[str, pd.DataFrame]:
+    """benchmarks/epochs.csv -> {dataset: its final-epoch rows} for each of `datasets` it
+    measured; {} when there is no file (a report then says nothing about its budget)."""
+    if path is None or not Path(path).exists():
+        return {}
+    curves = pd.read_csv(path)
+    if not {"dataset", "init", "budget", "seed", "epoch", "test_acc"} <= set(curves.columns):
+        raise SystemExit(f"{path}: columns {list(curves.columns)}; expected the epoch benchmark's "
+                         "(dataset, init, budget, seed, epoch, test_acc): re-create it with "
+                         "python -m benchmarks.epochs")
+    finals = budget_finals(curves)
+    return {ds: finals[finals.dataset == ds] for ds in datasets if ds in set(finals.dataset)}
+
+
+def budget_sentences(budgets: dict[str, pd.DataFrame], epochs: dict[str, int], label=str) -> str:
+    """" <dataset>: <budget_sentence>." for every dataset the benchmark measured."""
+    return "".join(f" {ds}: {budget_sentence(budgets[ds], epochs[ds], label)}." for ds in budgets)

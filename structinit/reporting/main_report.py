@@ -17,7 +17,7 @@ import pandas as pd
 from structinit.pipeline import cells
 from structinit.pipeline.cells import impulse_init, main_cell, run_name, seed_dir, solve_cell
 from structinit.reporting import paper, stats
-from structinit.reporting.budget import budget_finals, budget_sentence
+from structinit.reporting.budget import budget_sentence, budget_sentences, read_budget_finals
 from structinit.reporting.figures.main import write_main_figures
 from structinit.reporting import tables as report
 from structinit.reporting.presentation import init_label
@@ -116,15 +116,7 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
     preopt_runs["official_target_mass"] = [r["target_mass"] for r in reference_runs]
     preopt_runs["official_fit_mse"] = [r["fit_mse"] for r in reference_runs]
 
-    budgets = {}
-    if epoch_budgets is not None and Path(epoch_budgets).exists():
-        curves = pd.read_csv(epoch_budgets)
-        if not {"dataset", "init", "budget", "seed", "epoch", "test_acc"} <= set(curves.columns):
-            raise SystemExit(f"{epoch_budgets}: columns {list(curves.columns)}; expected the epoch benchmark's "
-                             "(dataset, init, budget, seed, epoch, test_acc): re-create it with "
-                             "python -m benchmarks.epochs")
-        finals = budget_finals(curves)
-        budgets = {ds: finals[finals.dataset == ds] for ds in grid["datasets"] if ds in set(finals.dataset)}
+    budgets = read_budget_finals(epoch_budgets, grid["datasets"])
     epochs = {ds: params["recipes"][ds]["train"]["epochs"] for ds in grid["datasets"]}
     figure_paths = write_main_figures(runs, grid["datasets"], inits, figures, budgets, epochs)
     figures_md = "".join(f"![{path.stem}: each seed's accuracy per initializer]"
@@ -132,7 +124,7 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
     texts = {}
     run = report.what_ran(params, grid["datasets"], grid["seeds"], ran_with(
         seed_dir(results / main_cell(d, i), s) for d, i, s in expected))
-    run += "".join(f" {ds}: {budget_sentence(budgets[ds], epochs[ds], init_label)}." for ds in budgets)
+    run += budget_sentences(budgets, epochs, init_label)
     plan = planned(params)
     contrasts = {ds: main_contrasts(runs, ds, inits, plan) for ds in grid["datasets"]}
     with stats.recording_conclusions() as main_conclusions:

@@ -18,6 +18,7 @@ from structinit.data.specs import get_spec
 from structinit.pipeline.cells import STUDIES, Run, impulse_init, main_variant, parse_pseudo_variant, study_runs
 from structinit.reporting import paper, stats
 from structinit.reporting import tables as report
+from structinit.reporting.budget import budget_sentences
 from structinit.reporting.presentation import init_label
 from structinit.reporting.runs import ran_with, read_cell
 from structinit.training.steps import steps_per_epoch
@@ -30,11 +31,23 @@ SOFTNESS_CAVEAT = (
     "`-S solve.solver=adam` runs the official solver on each.\n\n")
 
 
-def _what_ran(params, study, extra, runs):
+# Whose budget the epoch benchmark (benchmarks/epochs.csv: the recipe's ViT, main arms) speaks
+# for: a study on the recipe's model and epochs, or holding the main grid's steps. ConvMixer
+# trains another model, which the benchmark did not measure.
+BUDGET_NOTES = {"pseudo_input": "", "heads_width": " (measured on the recipe's shape, not these)",
+                "data_size": " (the main grid's budget, whose steps this study holds)"}
+
+
+def _what_ran(params, study, extra, runs, budgets=None):
     s = params["studies"][study]
     extra = ". ".join(e for e in (extra, runs.attrs["ran_with"]) if e)
+    measured = {d: budgets[d] for d in s["datasets"] if d in (budgets or {})}
+    budget = ""
+    if measured and study in BUDGET_NOTES:
+        epochs = {d: params["recipes"][d]["train"]["epochs"] for d in measured}
+        budget = budget_sentences(measured, epochs, init_label).rstrip(".") + BUDGET_NOTES[study] + "."
     return ("What ran: " + report.what_ran(params, s["datasets"], s["seeds"], extra, vit=study != "convmixer")
-            + " Final-epoch test "
+            + budget + " Final-epoch test "
             "accuracy (%), mean ± std over seeds, n = seeds; " + stats.INTERVAL + ".")
 
 
@@ -59,7 +72,8 @@ def _collect(runs: list[Run], logged=()):
     return frame
 
 
-def convmixer(params, main: Path, studies: Path, out: Path, figures: Path | None = None) -> str:
+def convmixer(params, main: Path, studies: Path, out: Path, figures: Path | None = None,
+              budgets: dict | None = None) -> str:
     s = params["studies"]["convmixer"]
     runs = _collect(study_runs(params, "convmixer", main, studies))
     sizes = "; ".join(f"{z} = {params['convmixer_sizes'][z]}" for z in s["sizes"])
@@ -67,7 +81,7 @@ def convmixer(params, main: Path, studies: Path, out: Path, figures: Path | None
             "Why impulse filters: depthwise k×k filters learned, or frozen random U(±1/k), frozen "
             "impulse (one-hot) or frozen box (all taps equal); channel mixing always learned. "
             "paper = CIFAR-10 numbers quoted from the paper.\n\n"
-            + _what_ran(params, "convmixer", f"ConvMixer sizes: {sizes}", runs) + "\n\n"
+            + _what_ran(params, "convmixer", f"ConvMixer sizes: {sizes}", runs, budgets) + "\n\n"
             + report.study_table(runs, "size", "mode", rows=s["sizes"], cols=s["modes"],
                                  quoted=paper.CONVMIXER, paper_dataset="cifar10") + "\n\n"
             + stats.contrasts_block(report.study_contrasts(runs, "mode", versus("learned"), within="size"))
@@ -79,7 +93,8 @@ def convmixer(params, main: Path, studies: Path, out: Path, figures: Path | None
                                  "impulse-initialized 90.67 vs Trunc Normal 87.27.", row_label=str))
 
 
-def pseudo_input(params, main: Path, studies: Path, out: Path, figures: Path | None = None) -> str:
+def pseudo_input(params, main: Path, studies: Path, out: Path, figures: Path | None = None,
+                 budgets: dict | None = None) -> str:
     s = params["studies"]["pseudo_input"]
     k, main_row = s["kernel"], main_variant(params)
     runs = _collect(study_runs(params, "pseudo_input", main, studies))
@@ -95,7 +110,7 @@ def pseudo_input(params, main: Path, studies: Path, out: Path, figures: Path | N
             "Pseudo-input of the first block → of the later blocks (P: sin-cos encoding, U: uniform, "
             "G: truncated normal, A = P+U, B = P+G), one Q/K solve shared by every block or one per "
             "block. paper = CIFAR-10, PE everywhere with shared Q/K.\n\n"
-            + _what_ran(params, "pseudo_input", f"Kernel {k}", runs) + "\n\n"
+            + _what_ran(params, "pseudo_input", f"Kernel {k}", runs, budgets) + "\n\n"
             + (SOFTNESS_CAVEAT if params["solve"]["solver"] == "closed_form" else "")
             + report.study_table(runs, "variant", "kernel", rows=variants, cols=[impulse_init(k)],
                                  quoted=paper.PSEUDO_INPUT, paper_dataset="cifar10",
@@ -110,7 +125,8 @@ def pseudo_input(params, main: Path, studies: Path, out: Path, figures: Path | N
                                  row_label=label))
 
 
-def heads_width(params, main: Path, studies: Path, out: Path, figures: Path | None = None) -> str:
+def heads_width(params, main: Path, studies: Path, out: Path, figures: Path | None = None,
+                budgets: dict | None = None) -> str:
     s = params["studies"]["heads_width"]
     runs = _collect(study_runs(params, "heads_width", main, studies))
     shapes = ["recipe"] + list(s["shapes"])
@@ -119,7 +135,7 @@ def heads_width(params, main: Path, studies: Path, out: Path, figures: Path | No
     return ("# Heads and width: structured init vs baselines\n\n"
             "Each shape overrides the dataset recipe's model; \"recipe\" rows are the main grid's "
             "cells. paper = CIFAR-100 numbers quoted from the paper.\n\n"
-            + _what_ran(params, "heads_width", f"{recipes}; {desc}", runs) + "\n\n"
+            + _what_ran(params, "heads_width", f"{recipes}; {desc}", runs, budgets) + "\n\n"
             + report.study_table(runs, "shape", "init", rows=shapes, cols=list(s["inits"]),
                                  quoted=paper.HEADS_WIDTH, paper_dataset="cifar100",
                                  col_label=init_label) + "\n\n"
@@ -133,7 +149,8 @@ def heads_width(params, main: Path, studies: Path, out: Path, figures: Path | No
                 "Single runs; the recipe row is the main table's CIFAR-100 column.", row_label=str))
 
 
-def data_size(params, main: Path, studies: Path, out: Path, figures: Path | None = None) -> str:
+def data_size(params, main: Path, studies: Path, out: Path, figures: Path | None = None,
+              budgets: dict | None = None) -> str:
     from structinit.reporting.figures.data_size import write_data_size_figures  # matplotlib: this study only
 
     s = params["studies"]["data_size"]
@@ -155,7 +172,7 @@ def data_size(params, main: Path, studies: Path, out: Path, figures: Path | None
             "round(main grid's steps / steps per epoch); the warm-up lasts the main grid's warm-up "
             "steps, and the test set is evaluated about as often in steps, and at the last epoch "
             "(`structinit/training/steps.py`).\n\n"
-            + _what_ran(params, "data_size", f"Steps held: {held}", runs) + "\n\n"
+            + _what_ran(params, "data_size", f"Steps held: {held}", runs, budgets) + "\n\n"
             + report.schedule_table(runs) + "\n\n"
             + report.study_table(runs, "init", "size", rows=list(s["inits"]), cols=sizes,
                                  row_label=init_label, col_label=images) + "\n\n"
@@ -238,13 +255,15 @@ def off_report(params: dict, study: str) -> str:
 
 
 def _report(study: str):
-    def write(params, main: Path, studies: Path, out: Path, figures: Path | None = None) -> str:
+    def write(params, main: Path, studies: Path, out: Path, figures: Path | None = None,
+              budgets: dict | None = None) -> str:
+        """budgets: the epoch benchmark's finals per dataset (budget.read_budget_finals)."""
         if not params["studies"][study]["datasets"]:
             if figures is not None:                           # no stale figure of an earlier run
                 for stale in Path(figures).glob("*.png"):
                     stale.unlink()
             return off_report(params, study)
-        return _REPORTS[study](params, main, studies, out, figures)
+        return _REPORTS[study](params, main, studies, out, figures, budgets)
     return write
 
 

@@ -1,0 +1,73 @@
+"""The epoch-budget criterion (structinit/reporting/budget.py) and the benchmark's report of it:
+a budget is converged when doubling it moves no arm's mean final accuracy by more than 1 point."""
+import pandas as pd
+import pytest
+
+from benchmarks.epochs import report
+from structinit.reporting.budget import (budget_finals, budget_sentence, budget_sentences, converged_budget,
+                                         doubling_moves, read_budget_finals)
+
+# mean final accuracy per (arm, budget): the slow arm moves +7.5 from 80 to 160, +0.6 from 160 to 320
+MEANS = {"trunc_normal": {40: 40.0, 80: 88.0, 160: 95.5, 320: 96.1},
+         "impulse3": {40: 80.0, 80: 95.0, 160: 96.5, 320: 96.9},
+         "mimetic": {40: 96.0, 80: 96.5, 160: 96.5, 320: 96.4}}
+
+
+def curves(means=MEANS, seeds=(0, 1, 2), every=10) -> pd.DataFrame:
+    """The benchmark's CSV: each run evaluated every `every` epochs; seeds spread ±0.5 around the
+    mean (so the mean is exact); earlier epochs lower than the final one."""
+    rows = []
+    for init, by_budget in means.items():
+        for budget, mean in by_budget.items():
+            for k, seed in enumerate(seeds):
+                final = mean + (k - (len(seeds) - 1) / 2) * 0.5
+                for epoch in range(every, budget + 1, every):
+                    rows.append({"dataset": "digits", "init": init, "budget": budget, "seed": seed,
+                                 "epoch": epoch, "test_acc": final - (budget - epoch) * 0.01})
+    return pd.DataFrame(rows)
+
+
+def test_finals_are_the_last_epoch_of_each_run():
+    finals = budget_finals(curves())
+    assert len(finals) == 3 * 4 * 3
+    assert (finals.epoch == finals.budget).all()
+    assert finals[(finals.init == "mimetic") & (finals.budget == 160)].test_acc.mean() == pytest.approx(96.5)
+
+
+def test_doubling_moves_and_the_smallest_converged_budget():
+    moves = doubling_moves(budget_finals(curves()))
+    assert set(moves) == {40, 80, 160}                      # 320 has no double
+    assert moves[80]["trunc_normal"] == pytest.approx(7.5)
+    assert moves[160]["trunc_normal"] == pytest.approx(0.6)
+    assert converged_budget(budget_finals(curves())) == 160
+    assert converged_budget(budget_finals(curves()), tolerance=0.5) is None
+
+
+def test_the_sentence_each_report_prints():
+    finals = budget_finals(curves())
+    ok = budget_sentence(finals, 160)
+    assert "160: converged" in ok and "320" in ok and "0.60 points (trunc_normal" in ok
+    short = budget_sentence(finals, 80)
+    assert "NOT converged" in short and "trunc_normal's mean by +7.50" in short and "impulse3 +1.50" in short
+    assert "short of convergence" in budget_sentence(finals, 120)         # below the converged 160
+    assert "not one the epoch benchmark" in budget_sentence(finals, 640)
+    assert budget_sentences({"digits": finals}, {"digits": 160}).startswith(" digits: Epoch budget 160: converged")
+
+
+def test_reading_the_benchmark_file(tmp_path):
+    path = tmp_path / "epochs.csv"
+    assert read_budget_finals(path, ["digits"]) == {}               # no file: nothing said
+    curves().to_csv(path, index=False)
+    assert set(read_budget_finals(path, ["digits", "cifar10"])) == {"digits"}
+    curves().drop(columns="dataset").to_csv(path, index=False)
+    with pytest.raises(SystemExit, match="dataset, init, budget, seed, epoch, test_acc"):
+        read_budget_finals(path, ["digits"])
+
+
+def test_benchmark_report_names_the_converged_budget_and_keeps_its_table_narrow():
+    text = report(curves(), 1.0, [0, 1, 2], False, "test CPU")
+    assert "**Converged budget: 160 epochs**" in text
+    assert "160 → 320" in text and "80 → 160" in text
+    during = text.split("Test accuracy during the 320-epoch runs")[1]
+    header = next(line for line in during.split("\n") if line.startswith("| init"))
+    assert header.count("|") - 2 <= 17 and "320" in header            # ≤ 16 epochs + the last, plus "init"
