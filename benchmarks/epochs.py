@@ -45,8 +45,10 @@ def budget_config(train: dict, epochs: int, warmup_prefix: bool) -> dict:
                 warmup_prefix=warmup_prefix, eval_every=10)
 
 
-def run_budget(data, rec: dict, arms: list[str], seeds: list[int], epochs: int, warmup_prefix: bool) -> pd.DataFrame:
-    """Every (arm, seed) at one budget, stacked: one row per evaluated epoch."""
+def run_budget(data, rec: dict, arms: list[str], seeds: list[int], epochs: int, warmup_prefix: bool,
+               cpu: str = "") -> pd.DataFrame:
+    """Every (arm, seed) at one budget, stacked: one row per evaluated epoch, each naming the
+    machine it ran on (`cpu`), since budgets added later may run on another CPU."""
     pairs = [(arm, seed) for arm in arms for seed in seeds]
     models = []
     for arm, seed in pairs:
@@ -56,7 +58,7 @@ def run_budget(data, rec: dict, arms: list[str], seeds: list[int], epochs: int, 
     train = budget_config(rec["train"], epochs, warmup_prefix)
     hists = train_models(models, data, [TrainConfig(**train, seed=seed) for _, seed in pairs], progress=False)
     return pd.DataFrame([{"dataset": "digits", "init": arm, "budget": epochs, "seed": seed, "epoch": h["epoch"],
-                          "test_acc": round(100 * h["test_acc"], 3)}
+                          "test_acc": round(100 * h["test_acc"], 3), "cpu": cpu}
                          for (arm, seed), hist in zip(pairs, hists) for h in hist if "test_acc" in h])
 
 
@@ -68,6 +70,19 @@ def doubling_table(final: pd.DataFrame, tolerance: float) -> list[list]:
         rows.append([f"{b} → {2 * b}", ", ".join(f"{init_label(i)} {m:+.2f}" for i, m in moves.items()),
                      f"{init_label(worst)} {moves[worst]:+.2f}", "yes" if abs(moves[worst]) <= tolerance else "no"])
     return rows
+
+
+def machines(curves: pd.DataFrame, cpu: str) -> str:
+    """Where each budget ran: `cpu` when the file does not say (or every budget ran there),
+    else "budgets 40, 80: <cpu A>; 320: <cpu B>" (another CPU runs other kernels, so its bytes
+    differ; a doubling across machines compares across that too)."""
+    if "cpu" not in curves or curves.cpu.isna().all():
+        return cpu
+    by_cpu = curves.groupby("cpu", sort=False).budget.unique()
+    if len(by_cpu) == 1:
+        return str(by_cpu.index[0])
+    return "; ".join(f"budget{'s' if len(b) > 1 else ''} {', '.join(str(int(x)) for x in sorted(b))}: {c}"
+                     for c, b in by_cpu.items())
 
 
 def report(curves: pd.DataFrame, tolerance: float, seeds: list[int], warmup_prefix: bool, cpu: str) -> str:
@@ -96,7 +111,7 @@ def report(curves: pd.DataFrame, tolerance: float, seeds: list[int], warmup_pref
     return (f"#### Epoch budget on digits (`python -m benchmarks.epochs`)\n\n"
             f"Final-epoch test accuracy (%), mean ± std over seeds {seeds} (n = {len(seeds)}); each budget a "
             f"complete run (warm-up 5 % of it, cosine to its end, warmup_prefix {warmup_prefix}); "
-            f"{cpu}.\n\n{table}\n\nDoubling the budget:\n\n{moves}\n\n{verdict}\n\n"
+            f"{machines(curves, cpu)}.\n\n{table}\n\nDoubling the budget:\n\n{moves}\n\n{verdict}\n\n"
             f"Test accuracy during the {budgets[-1]}-epoch runs (mean over seeds):\n\n{during}\n")
 
 
@@ -113,10 +128,10 @@ def main():
     ap.add_argument("--report-only", action="store_true",
                     help="train nothing: rewrite <out>.md from <out>.csv (this machine's CPU named)")
     a = ap.parse_args()
+    here = f"{cpu_model()}, {torch.get_num_threads()} threads"
     if a.report_only:
         curves = pd.read_csv(f"{a.out}.csv")
-        text = report(curves, a.tolerance, sorted(curves.seed.unique().tolist()), a.warmup_prefix,
-                      f"{cpu_model()}, {torch.get_num_threads()} threads")
+        text = report(curves, a.tolerance, sorted(curves.seed.unique().tolist()), a.warmup_prefix, here)
         Path(f"{a.out}.md").write_text(text)
         print(text)
         return
@@ -129,13 +144,16 @@ def main():
     if a.add and Path(f"{a.out}.csv").exists():
         kept = pd.read_csv(f"{a.out}.csv")
         kept = kept[~kept.budget.isin(a.budgets)]
+        if "cpu" not in kept:
+            ap.error(f"--add: {a.out}.csv does not say which CPU its budgets ran on (no cpu column); "
+                     "add one naming that machine, or re-run every budget here")
         if set(kept.seed) - set(a.seeds) or set(kept.init) - set(a.inits):
             ap.error(f"--add: {a.out}.csv holds seeds {sorted(set(kept.seed))} and arms "
                      f"{sorted(set(kept.init))}; add budgets with the same --seeds and --inits")
         frames.append(kept)
     for b in sorted(a.budgets):
         t0 = time.perf_counter()
-        frames.append(run_budget(data, rec, a.inits, a.seeds, b, a.warmup_prefix))
+        frames.append(run_budget(data, rec, a.inits, a.seeds, b, a.warmup_prefix, here))
         final = budget_finals(frames[-1])
         print(f"{b} epochs ({time.perf_counter() - t0:.0f} s): " + ", ".join(
             f"{init_label(i)} {g.test_acc.mean():.2f}" for i, g in final.groupby("init", sort=False)), flush=True)
@@ -143,8 +161,7 @@ def main():
         pd.concat(frames, ignore_index=True).to_csv(f"{a.out}.partial.csv", index=False)
     curves = pd.concat(frames, ignore_index=True)
     curves = curves.sort_values("budget", kind="stable").reset_index(drop=True)
-    text = report(curves, a.tolerance, a.seeds, a.warmup_prefix,
-                  f"{cpu_model()}, {torch.get_num_threads()} threads")
+    text = report(curves, a.tolerance, a.seeds, a.warmup_prefix, here)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     curves.to_csv(f"{a.out}.csv", index=False)
     Path(f"{a.out}.md").write_text(text)

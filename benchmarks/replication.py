@@ -103,7 +103,7 @@ def main():
 
 def _stated(c: dict) -> str:
     p = c.get("p_adjusted", c.get("p_holm"))
-    diff = c.get("diff", c["mean_a"] - c["mean_b"])
+    diff = c["diff"] if "diff" in c else c["mean_a"] - c["mean_b"]
     return f"{c['verdict']} ({diff:+.2f}, p={p:.2g}{', fragile' if c.get('fragile') else ''})"
 
 

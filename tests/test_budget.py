@@ -51,6 +51,8 @@ def test_the_sentence_each_report_prints():
     assert "NOT converged" in short and "trunc_normal's mean by +7.50" in short and "impulse3 +1.50" in short
     assert "short of convergence" in budget_sentence(finals, 120)         # below the converged 160
     assert "not one the epoch benchmark" in budget_sentence(finals, 640)
+    unchecked = budget_sentence(finals[finals.budget < 320], 160)           # 160 ran, its double did not
+    assert "measured by the epoch benchmark" in unchecked and "not its double (320)" in unchecked
     assert budget_sentences({"digits": finals}, {"digits": 160}).startswith(" digits: Epoch budget 160: converged")
 
 
@@ -71,3 +73,16 @@ def test_benchmark_report_names_the_converged_budget_and_keeps_its_table_narrow(
     during = text.split("Test accuracy during the 320-epoch runs")[1]
     header = next(line for line in during.split("\n") if line.startswith("| init"))
     assert header.count("|") - 2 <= 17 and "320" in header            # ≤ 16 epochs + the last, plus "init"
+
+
+def test_benchmark_report_names_the_machine_of_each_budget():
+    """A budget added later on another CPU (--add) is reported as such: a doubling across
+    machines compares across their kernels too."""
+    c = curves()
+    assert "test CPU." in report(c, 1.0, [0, 1, 2], False, "test CPU")           # no cpu column
+    c["cpu"] = c.budget.map(lambda b: "AMD, 2 threads" if b == 320 else "Intel, 2 threads")
+    text = report(c, 1.0, [0, 1, 2], False, "this CPU")
+    assert "budgets 40, 80, 160: Intel, 2 threads; budget 320: AMD, 2 threads." in text
+    assert "this CPU" not in text
+    c["cpu"] = "AMD, 2 threads"
+    assert "warmup_prefix False); AMD, 2 threads." in report(c, 1.0, [0, 1, 2], False, "this CPU")

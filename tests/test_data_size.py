@@ -2,6 +2,7 @@
 and its report (table, conclusions, figure) from synthetic cells."""
 import copy
 import json
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -205,3 +206,8 @@ def test_a_study_switched_off_writes_how_to_bring_it_back(tmp_path, params):
     assert "Not run in this configuration" in text
     assert "dvc exp run -S 'studies.data_size.datasets=[digits]'" in text
     assert not list(figures.glob("*.png"))
+    # DVC deletes a stage's outputs before it runs: the declared folder is made again, with one
+    # file (git holds no empty folder) saying why it has no figure
+    shutil.rmtree(figures)
+    STUDY_REPORTS["data_size"](params, tmp_path / "train", tmp_path / "studies", tmp_path / "out.md", figures)
+    assert [f.name for f in figures.iterdir()] == ["README.md"] and "off" in (figures / "README.md").read_text()

@@ -201,6 +201,18 @@ def test_matrix_stages_write_the_cells_that_cells_py_names(stages):
         assert bool(own) == bool(params["studies"][study]["datasets"]), study   # off: no cells
 
 
+def test_no_cached_output_is_tracked_by_git(stages):
+    """A cached output (models, solves) lives in DVC's cache, never in git: a checkpoint
+    committed to git goes stale on the next run and bloats every clone (models/digits-mimetic_qk
+    once was). Outputs with cache: false (results/train/*) are git's by design."""
+    import subprocess
+
+    cached = sorted({o.def_path for s in stages.values() for o in s.outs if o.use_cache})
+    tracked = subprocess.run(["git", "ls-files", "--", *cached], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert cached and tracked == [], f"DVC-cached outputs tracked by git: {tracked} (git rm --cached them)"
+
+
 # ---- keeping dvc.yaml in step: python tests/test_dvc_deps.py --write ------------------------
 
 def code_deps(script: str) -> list[str]:

@@ -117,7 +117,7 @@ def test_repro_builds_reports_and_leaves_git_clean(tiny_repo):
     assert summary["digits"]["ours"]["init"] == "impulse3"
     primary = summary["digits"]["primary"]
     assert primary["contrast"] == "impulse3 - trunc_normal" and primary["n"] == 2
-    assert primary["ci95"][0] <= primary["diff"] <= primary["ci95"][1]
+    assert primary["ci95_low"] <= primary["diff"] <= primary["ci95_high"]      # scalars: dvc metrics diff subtracts
     assert (repo / "reports/figures/main/digits.png").read_bytes().startswith(b"\x89PNG")
     assert (repo / "reports/headline.md").read_text().startswith("| Method")
     assert 0 < summary["digits"]["trunc_normal"]["acc"] <= 100

@@ -95,6 +95,31 @@ def test_replication_verdicts():
     assert verdict("~", "<") == "new"
 
 
+def test_replication_report_tests_each_planned_conclusion_on_the_new_seeds():
+    """Each conclusion of the committed table is matched to the same contrast on the new seeds
+    (family, arms), with its role; described pairs carry no verdict and are not counted."""
+    from benchmarks.replication import replication_report
+
+    def c(a, b, verdict, diff, p, role):
+        return {"family": "digits", "a": a, "b": b, "verdict": verdict, "diff": diff, "p_adjusted": p,
+                "role": role, "fragile": 0.025 <= p <= 0.1}
+    test = "paired t-test across seeds"
+    before = {"test": test, "conclusions": [c("impulse3", "trunc_normal", ">", 7.2, 0.003, "primary"),
+                                            c("impulse3", "mimetic", "<", -2.0, 0.037, "secondary"),
+                                            c("impulse3", "impulse5", "~", -0.9, 0.15, "secondary")]}
+    after = {"test": test, "conclusions": [c("impulse3", "trunc_normal", ">", 5.1, 0.004, "primary"),
+                                           c("impulse3", "mimetic", "~", -0.4, 0.60, "secondary"),
+                                           c("impulse3", "impulse5", "<", -1.5, 0.01, "secondary")]}
+    text = replication_report(before, after, [0, 1, 2, 3, 4], [5, 6, 7, 8, 9])
+    rows = {line.split("|")[3].strip(): line for line in text.split("\n") if line.startswith("| digits")}
+    primary, secondary = rows["impulse3 vs trunc_normal"], rows["impulse3 vs mimetic"]
+    assert "primary" in primary and primary.rstrip(" |").endswith("confirmed")
+    assert "(-2.00, p=0.037, fragile)" in secondary and "not replicated" in secondary
+    assert rows["impulse3 vs impulse5"].rstrip(" |").endswith("new")
+    assert "confirmed: 1 of 2 stated differences" in text
+    assert "[5, 6, 7, 8, 9] (replication, disjoint)" in text
+
+
 def test_preopt_benchmark_interleaves_its_repeats(monkeypatch, capsys):
     """The official solver and the closed form alternate, so machine load hits both alike."""
     from types import SimpleNamespace
@@ -155,3 +180,45 @@ def test_gap_change_is_paired_by_seed():
     (change,) = stats.compare_gap_changes(groups, reference="b", base="full", family="digits")
     assert (change.gap_base, change.gap_other) == pytest.approx((10.0, 8.1))
     assert change.n == 3 and change.verdict == "<" and change.ci_high < 0
+
+
+def test_summary_json_intervals_are_scalars_dvc_metrics_diff_can_subtract():
+    """`dvc metrics diff` computes a change only between numbers (a list shows old/new, no
+    change): the primary contrast's interval, like each arm's, is two scalar keys."""
+    import pandas as pd
+    from dvc.utils.diff import _diff_dicts
+
+    from structinit.reporting.tables import summary
+
+    NOISE = [0.3, -0.2, 0.1, -0.4, 0.2]              # the paired differences vary by seed
+
+    def runs(shift):
+        return pd.DataFrame([{"dataset": "digits", "init": i, "seed": s,
+                              "acc": base + s * 0.5 + (shift + NOISE[s] if i == "impulse3" else 0)}
+                             for i, base in (("trunc_normal", 90.0), ("impulse3", 93.0)) for s in range(5)])
+
+    def headline(shift):
+        r = runs(shift)
+        groups = {i: dict(zip(g.seed, g.acc)) for i, g in r.groupby("init", sort=False)}
+        c = stats.planned_contrasts(groups, family="digits", primary=("impulse3", "trunc_normal"),
+                                    describe_others=False)[0]
+        return summary(r, ["digits"], ["trunc_normal", "impulse3"], "impulse3", {"digits": c})
+
+    before, after = headline(0.0), headline(1.0)
+    primary = after["digits"]["primary"]
+    assert primary["ci95_low"] <= primary["diff"] <= primary["ci95_high"]
+    assert primary["contrast"] == "impulse3 - trunc_normal"
+    moved = _diff_dicts(before, after, with_unchanged=False)
+    for key in ("digits.primary.diff", "digits.primary.ci95_low", "digits.primary.ci95_high",
+                "digits.impulse3.ci95_low"):
+        assert "diff" in moved[key], key                                     # a number that moved, not a replaced key
+    assert "digits.primary.p" not in moved or "diff" in moved["digits.primary.p"]
+
+
+def test_bounded_interval_holds_its_estimate_at_the_clamp():
+    """Accuracies are clamped to [0.1, 99.9] % for the logit: every seed at 100 % must not give
+    the interval [99.9, 99.9] beside a mean of 100."""
+    for acc in ([100.0, 100.0, 100.0], [99.95, 99.97, 99.99], [0.0, 0.0, 0.05]):
+        s = stats.summarize(acc, bounded=True)
+        assert s.ci_low <= s.mean <= s.ci_high and 0 <= s.ci_low and s.ci_high <= 100, acc
+    assert stats.summarize([100.0, 100.0, 100.0], bounded=True).ci_high == 100.0

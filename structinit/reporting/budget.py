@@ -55,6 +55,10 @@ def budget_sentence(finals: pd.DataFrame, epochs: int, label=str, tolerance: flo
                 + (f" (and {', '.join(f'{label(i)} {moves[epochs][i]:+.2f}' for i in others)})" if others else "")
                 + f", more than the tolerance of {tolerance:g}; differences involving "
                 + ("these arms" if others else "this arm") + " still describe how far training got")
+    if epochs in set(finals.budget):
+        return (f"Epoch budget {epochs}: measured by the epoch benchmark (benchmarks/epochs.md), but not its "
+                f"double ({2 * epochs}), so whether it is converged is not checked"
+                + (f" (the smallest converged budget measured is {chosen})" if chosen is not None else ""))
     if chosen is not None and epochs < chosen:
         return (f"Epoch budget {epochs}: short of convergence (the epoch benchmark, benchmarks/epochs.md, "
                 f"finds {chosen} epochs the smallest converged budget), so these numbers rank how fast "

@@ -153,7 +153,8 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
     texts["headline.md"] = (            # what the top-level README quotes (tests/test_readme_numbers.py)
         table + "\n\n"
         "Final-epoch test accuracy (%), mean ± std over seeds (in brackets: difference to Trunc Normal), "
-        f"n = {len(grid['seeds'])} seeds. Primary contrast, paired by seed:\n\n" + "\n".join(primary_lines) + "\n"
+        f"n = {len(grid['seeds'])} seeds. " + stats.INTERVAL[0].upper() + stats.INTERVAL[1:] + ". "
+        "Primary contrast, paired by seed:\n\n" + "\n".join(primary_lines) + "\n"
         + "".join(f"\n{ds}: {budget_sentence(budgets[ds], epochs[ds], init_label)}.\n" for ds in budgets))
     texts["kernel_table.md"] = (
         "# Structured init by kernel size\n\n"

@@ -12,9 +12,10 @@
 Why paired: at one seed every arm starts from the same weights except the ones its
 initializer sets, and sees the same batches in the same order (tests/test_pairing.py), so the
 seed-to-seed spread they share cancels in a difference taken seed by seed. Why planned: a
-report tests the contrasts its params name before the run (params.yaml `contrasts`, a study's
-`contrasts`); Holm corrects only over those, so the paper's claim is not diluted by pairs
-nobody asked about. Other pairs are shown as estimates with intervals, never as verdicts.
+report tests the contrasts fixed before the run (the main table: params.yaml `contrasts`;
+each study: its plan in structinit/reporting/study_reports.py, e.g. each arm vs Trunc
+Normal); Holm corrects only over those, so the paper's claim is not diluted by pairs nobody
+asked about. Other pairs are shown as estimates with intervals, never as verdicts.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ TEST = ("paired t-test across seeds (the arms of one seed share every weight the
         "not set and the data order); the primary contrast alone at alpha, Holm over the secondary "
         "contrasts of the family (the text before the colon); other pairs described, not tested")
 INTERVAL = ("95 % interval of the mean accuracy: a t-interval of the mean logit of the seeds' "
-            "accuracies (each clamped to [0.1, 99.9] %), mapped back, so it stays within [0, 100]; "
+            "accuracies (each clamped to [0.1, 99.9] %), mapped back, so it stays within [0, 100] "
+            "(widened to hold the mean where the clamp would leave it out, e.g. every seed at 100 %); "
             "of a difference: the t-interval of the mean paired difference")
 FRAGILE_FACTOR = 2.0
 FRAGILE_RULE = (f"fragile: the adjusted p lies within a factor of {FRAGILE_FACTOR:g} of alpha "
@@ -78,7 +80,9 @@ def summarize(values, confidence: float = 0.95, bounded: bool = False) -> Summar
     logits = np.log(p / (1 - p))
     centre, half = float(logits.mean()), _t_half(float(logits.std(ddof=1)), n, confidence)
     back = lambda z: 100 / (1 + math.exp(-z))  # noqa: E731
-    return Summary(mean, std, n, back(centre - half), back(centre + half))
+    # The clamp keeps the logit finite at 0 and 100 %, but then the interval of [100, 100, 100]
+    # would be [99.9, 99.9]: never report an interval that leaves out its own estimate.
+    return Summary(mean, std, n, min(back(centre - half), mean), max(back(centre + half), mean))
 
 
 def holm(pvalues: list[float]) -> list[float]:
@@ -334,7 +338,8 @@ def compare_gap_changes(groups: dict[tuple[str, str], dict], reference: str, bas
     return out
 
 
-def gap_change_lines(changes: list[GapChange], label=str, condition=str, unit: str = "points") -> list[str]:
+def gap_change_lines(changes: list[GapChange], label=str, condition=str, unit: str = "points",
+                     alpha: float = ALPHA) -> list[str]:
     """One markdown bullet per (family, variant): its gap to the reference at the base
     condition and at each other one, whether it changed (only what the test supports), and a
     closing sentence that claims a change only where one is significant."""
@@ -349,14 +354,14 @@ def gap_change_lines(changes: list[GapChange], label=str, condition=str, unit: s
             if c.verdict == "~":
                 how = ("not testable" if math.isnan(c.p) else
                        f"change not distinguishable from 0 ({change:+.2f}{ci}, p = {c.p_adjusted:.2g} Holm)"
-                       f"{_fragile_note(c.p_adjusted, ALPHA)}")
+                       f"{_fragile_note(c.p_adjusted, alpha)}")
             else:
-                how = (f"{_emphasis('larger' if c.verdict == '>' else 'smaller', c.p_adjusted, ALPHA)} by "
+                how = (f"{_emphasis('larger' if c.verdict == '>' else 'smaller', c.p_adjusted, alpha)} by "
                        f"{abs(change):.2f} {unit}{ci} (p = {c.p_adjusted:.3g} Holm)"
-                       f"{_fragile_note(c.p_adjusted, ALPHA)}")
+                       f"{_fragile_note(c.p_adjusted, alpha)}")
             parts.append(f"{c.gap_other:+.2f} at {condition(c.other)}: {how}")
-        larger = [condition(c.other) for c in group if c.verdict == ">" and not is_fragile(c.p_adjusted)]
-        smaller = [condition(c.other) for c in group if c.verdict == "<" and not is_fragile(c.p_adjusted)]
+        larger = [condition(c.other) for c in group if c.verdict == ">" and not is_fragile(c.p_adjusted, alpha)]
+        smaller = [condition(c.other) for c in group if c.verdict == "<" and not is_fragile(c.p_adjusted, alpha)]
         if not larger and not smaller:
             verdict = (f"No change of the gap between {condition(first.base)} and the other sizes is "
                        f"supported at n = {min(c.n for c in group)} (fragile verdicts aside).")
@@ -366,5 +371,5 @@ def gap_change_lines(changes: list[GapChange], label=str, condition=str, unit: s
                 for word, where in (("larger", larger), ("smaller", smaller)) if where)
         lines.append(f"- {family}, {label(a)} − {label(b)}: {first.gap_base:+.2f} {unit} at "
                      f"{condition(first.base)}; " + "; ".join(parts) + f". {verdict}")
-    _record(changes, ALPHA)
+    _record(changes, alpha)
     return lines

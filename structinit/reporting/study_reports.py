@@ -254,14 +254,24 @@ def off_report(params: dict, study: str) -> str:
             f"    dvc exp run -S 'studies.{study}.datasets=[digits]'\n")
 
 
+OFF_NOTE = "README.md"             # what an off study's figure folder holds
+
+
 def _report(study: str):
     def write(params, main: Path, studies: Path, out: Path, figures: Path | None = None,
               budgets: dict | None = None) -> str:
         """budgets: the epoch benchmark's finals per dataset (budget.read_budget_finals)."""
+        if figures is not None:                               # no stale figure of an earlier run
+            Path(figures).mkdir(parents=True, exist_ok=True)
+            for stale in [*Path(figures).glob("*.png"), Path(figures) / OFF_NOTE]:
+                stale.unlink(missing_ok=True)
         if not params["studies"][study]["datasets"]:
-            if figures is not None:                           # no stale figure of an earlier run
-                for stale in Path(figures).glob("*.png"):
-                    stale.unlink()
+            if figures is not None:
+                # the stage's declared output folder must exist (DVC refuses a missing output),
+                # and git cannot hold an empty folder: one file says why it has no figure
+                (Path(figures) / OFF_NOTE).write_text(
+                    f"No figure: the {study} study is off in this configuration "
+                    f"(`studies.{study}.datasets: []`); its report says how to bring it back.\n")
             return off_report(params, study)
         return _REPORTS[study](params, main, studies, out, figures, budgets)
     return write

@@ -109,12 +109,19 @@ def preopt_table(preopt: pd.DataFrame) -> str:
                                    "solves"], tablefmt="github", disable_numparse=True)
 
 
+def interval(low: float, high: float, defined: bool) -> dict:
+    """A 95 % interval as summary.json's two scalar keys (None where it is undefined, n = 1)."""
+    return {"ci95_low": round(low, 3) if defined else None, "ci95_high": round(high, 3) if defined else None}
+
+
 def summary(runs: pd.DataFrame, datasets: list[str], inits: list[str], ours: str,
             primary: dict | None = None) -> dict:
     """Headline numbers for `dvc metrics show/diff`: per dataset, each init's mean, std, n
     and 95 % interval; `ours` (the structured init at init.kernel) with its difference of means
     to Trunc Normal; and `primary`, the planned primary contrast (paired by seed: mean
-    difference, its interval, p, n) under the same keys whatever arms it names."""
+    difference, its interval, p, n) under the same keys whatever arms it names. Intervals are
+    two scalars (ci95_low, ci95_high), not a list: `dvc metrics diff` computes a change only
+    for numbers, so the uncertainty is seen moving too."""
     stats = seed_stats(runs)
     out: dict = {}
     for ds in datasets:
@@ -122,15 +129,15 @@ def summary(runs: pd.DataFrame, datasets: list[str], inits: list[str], ours: str
         for init in inits:
             s = stats.loc[(ds, init)]
             d[init] = {"acc": round(s["mean"], 3), "std": round(s["std"], 3), "n": int(s["n"]),
-                       "ci95": [round(s["ci_low"], 3), round(s["ci_high"], 3)] if s["n"] > 1 else None}
+                       **interval(s["ci_low"], s["ci_high"], s["n"] > 1)}
         d["ours"] = {"init": ours, **d[ours]}
         if "trunc_normal" in d:
             d["ours"]["delta_vs_trunc_normal"] = round(d[ours]["acc"] - d["trunc_normal"]["acc"], 3)
         c = (primary or {}).get(ds)
         if c is not None:
             d["primary"] = {"contrast": f"{c.a} - {c.b}", "diff": round(c.diff, 3),
-                            "ci95": None if math.isnan(c.ci_low) else [round(c.ci_low, 3), round(c.ci_high, 3)],
-                            "p": None if math.isnan(c.p) else round(c.p, 5), "n": c.n,
+                            **interval(c.ci_low, c.ci_high, not math.isnan(c.ci_low)),
+                            "p": None if math.isnan(c.p) else float(f"{c.p:.4g}"), "n": c.n,
                             "alternative": c.alternative, "verdict": c.verdict}
         out[ds] = d
     return out
