@@ -52,8 +52,10 @@ def test_study_runs_reuse_the_main_grid_only_where_the_study_says():
         ("main/digits-impulse3", 0, "PP"), ("main/digits-impulse3", 1, "PP")]
     pi["variants"] = ["UU", "PP"]                       # PP trained by the study itself: no reuse
     assert all(r.folder.parts[0] == "studies" for r in cells.study_runs(p, "pseudo_input", "main", "studies"))
-    ds = cells.study_runs(p, "data_size", "main", "studies")
     s = p["studies"]["data_size"]
+    s["datasets"] = ["digits"]                          # off in the default
+    ds = cells.study_runs(p, "data_size", "main", "studies")
+    assert ds
     assert len(ds) == len(s["datasets"]) * (len(s["fractions"]) + 1) * len(s["inits"]) * len(s["seeds"])
     assert {r.fields["fraction"] for r in ds if r.folder.parts[0] == "main"} == {1.0}
     assert cells.Run(Path("x/digits-UU"), 2, {}).dir == Path("x/digits-UU/seed2")

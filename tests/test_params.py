@@ -30,6 +30,17 @@ def _set(dotted: str, value):
     return mutate
 
 
+def _all(*mutations):
+    """Several edits at once (a study's size rules apply only when the study is on)."""
+    def mutate(p):
+        for m in mutations:
+            m(p)
+    return mutate
+
+
+_DATA_SIZE_ON = _set("studies.data_size.datasets", ["digits"])
+
+
 def _drop(dotted: str):
     def mutate(p):
         *path, last = dotted.split(".")
@@ -118,9 +129,10 @@ BAD = [
     ("data-size fraction 0", _set("studies.data_size.fractions", [0.0]), ["studies.data_size.fractions[0] = 0.0", "greater than 0"]),
     ("data-size fraction twice", _set("studies.data_size.fractions", [0.1, 0.1]), ["studies.data_size.fractions", "[0.1] listed twice"]),
     ("data-size fraction as text", _set("studies.data_size.fractions", ["1e-1"]), ["studies.data_size.fractions[0] = '1e-1'", "1.0e-3"]),
-    ("data-size fraction below one batch", _set("studies.data_size.fractions", [0.04]),
+    ("data-size fraction below one batch", _all(_DATA_SIZE_ON, _set("studies.data_size.fractions", [0.04])),
      ["studies.data_size.fractions[0] = 0.04", "57 of the main grid's 1437 digits training images", "one batch (64)"]),
-    ("data-size fraction below one batch of a smaller main grid", _set("data.train_size", 300),
+    ("data-size fraction below one batch of a smaller main grid",
+     _all(_DATA_SIZE_ON, _set("studies.data_size.fractions", [0.1]), _set("data.train_size", 300)),
      ["studies.data_size.fractions[0] = 0.1", "30 of the main grid's 300 digits", "fractions >= 0.213"]),
     ("unknown ConvMixer size", _set("studies.convmixer.sizes", ["cm1"]), ["studies.convmixer.sizes[0] = 'cm1'", "cm64d4k3"]),
     ("even ConvMixer kernel", _set("convmixer_sizes.cm64d4k3.kernel_size", 4), ["convmixer_sizes.cm64d4k3.kernel_size = 4", "odd"]),
