@@ -20,6 +20,7 @@ accuracy every 10 epochs and at the end, per arm, budget and seed) and benchmark
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from pathlib import Path
@@ -32,7 +33,7 @@ from tabulate import tabulate
 from structinit import TrainConfig, initialize, prepare_dataset, train_models
 from structinit.numerics import cpu_model
 from structinit.pipeline.build import build_model
-from structinit.pipeline.cells import parse_init
+from structinit.pipeline.cells import main_cell, parse_init
 from structinit.reporting.budget import budget_finals, converged_budget, doubling_moves
 from structinit.reporting.presentation import init_label
 
@@ -85,7 +86,39 @@ def machines(curves: pd.DataFrame, cpu: str) -> str:
                      for c, b in by_cpu.items())
 
 
-def report(curves: pd.DataFrame, tolerance: float, seeds: list[int], warmup_prefix: bool, cpu: str) -> str:
+def pipeline_check(curves: pd.DataFrame, cells: Path, tolerance: float) -> str:
+    """The doubling of the pipeline's own budget measured on one machine: the default's cells
+    (`dvc repro`'s results/train/<cell>/seed<s>, the benchmark's seeds) at their budget B
+    against this file's 2B. Budgets run on different CPUs differ by those CPUs' kernels too;
+    where 2B ran on the pipeline's machine, this comparison has no such difference. "" when the
+    cells or the double are missing."""
+    final = budget_finals(curves)
+    seeds = sorted(int(s) for s in final.seed.unique())
+    arms = list(dict.fromkeys(final.init))
+    ran = {}
+    for arm in arms:
+        for seed in seeds:
+            folder = cells / main_cell("digits", arm) / f"seed{seed}"
+            if not (folder / "metrics.json").exists():
+                return ""
+            ran[arm, seed] = (yaml.safe_load((folder / "params.yaml").read_text()),
+                              100 * json.loads((folder / "metrics.json").read_text())["final_test_acc"])
+    budget = {p["epochs"] for p, _ in ran.values()}
+    if len(budget) != 1 or 2 * (b := budget.pop()) not in set(final.budget):
+        return ""
+    where = {f"{p.get('cpu', '?')}, {p.get('cpu_threads', '?')} threads" for p, _ in ran.values()}
+    double = final[final.budget == 2 * b].groupby("init").test_acc.mean()
+    moves = {arm: double[arm] - statistics.mean(ran[arm, s][1] for s in seeds) for arm in arms}
+    worst = max(moves, key=lambda i: abs(moves[i]))
+    return (f"\nThe pipeline's own cells at {b} epochs (`dvc repro`, {cells}, seeds {seeds}; "
+            f"{'; '.join(sorted(where))}) against the {2 * b}-epoch runs above: "
+            + ", ".join(f"{init_label(i)} {m:+.2f}" for i, m in moves.items())
+            + f"; largest {init_label(worst)} {moves[worst]:+.2f}: "
+            + ("within" if abs(moves[worst]) <= tolerance else "NOT within") + f" {tolerance:g} point.\n")
+
+
+def report(curves: pd.DataFrame, tolerance: float, seeds: list[int], warmup_prefix: bool, cpu: str,
+           pipeline: str = "") -> str:
     final = budget_finals(curves)
     budgets = sorted(final.budget.unique())
     arms = list(dict.fromkeys(curves.init))         # the order they ran in
@@ -111,7 +144,7 @@ def report(curves: pd.DataFrame, tolerance: float, seeds: list[int], warmup_pref
     return (f"#### Epoch budget on digits (`python -m benchmarks.epochs`)\n\n"
             f"Final-epoch test accuracy (%), mean ± std over seeds {seeds} (n = {len(seeds)}); each budget a "
             f"complete run (warm-up 5 % of it, cosine to its end, warmup_prefix {warmup_prefix}); "
-            f"{machines(curves, cpu)}.\n\n{table}\n\nDoubling the budget:\n\n{moves}\n\n{verdict}\n\n"
+            f"{machines(curves, cpu)}.\n\n{table}\n\nDoubling the budget:\n\n{moves}\n\n{verdict}\n{pipeline}\n"
             f"Test accuracy during the {budgets[-1]}-epoch runs (mean over seeds):\n\n{during}\n")
 
 
@@ -127,11 +160,15 @@ def main():
                     help="keep <out>.csv's other budgets (same seeds) and add or replace these")
     ap.add_argument("--report-only", action="store_true",
                     help="train nothing: rewrite <out>.md from <out>.csv (this machine's CPU named)")
+    ap.add_argument("--cells", type=Path, default=Path("results/train"),
+                    help="the pipeline's main-grid cells: their budget against its double here, "
+                         "when both ran (see pipeline_check)")
     a = ap.parse_args()
     here = f"{cpu_model()}, {torch.get_num_threads()} threads"
     if a.report_only:
         curves = pd.read_csv(f"{a.out}.csv")
-        text = report(curves, a.tolerance, sorted(curves.seed.unique().tolist()), a.warmup_prefix, here)
+        text = report(curves, a.tolerance, sorted(curves.seed.unique().tolist()), a.warmup_prefix, here,
+                      pipeline_check(curves, a.cells, a.tolerance))
         Path(f"{a.out}.md").write_text(text)
         print(text)
         return
@@ -161,7 +198,7 @@ def main():
         pd.concat(frames, ignore_index=True).to_csv(f"{a.out}.partial.csv", index=False)
     curves = pd.concat(frames, ignore_index=True)
     curves = curves.sort_values("budget", kind="stable").reset_index(drop=True)
-    text = report(curves, a.tolerance, a.seeds, a.warmup_prefix, here)
+    text = report(curves, a.tolerance, a.seeds, a.warmup_prefix, here, pipeline_check(curves, a.cells, a.tolerance))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     curves.to_csv(f"{a.out}.csv", index=False)
     Path(f"{a.out}.md").write_text(text)

@@ -86,3 +86,29 @@ def test_benchmark_report_names_the_machine_of_each_budget():
     assert "this CPU" not in text
     c["cpu"] = "AMD, 2 threads"
     assert "warmup_prefix False); AMD, 2 threads." in report(c, 1.0, [0, 1, 2], False, "this CPU")
+
+
+def test_pipeline_cells_checked_against_the_benchmarks_double(tmp_path):
+    """The default's own cells (results/train) at their budget against the benchmark's double:
+    the doubling measured on the pipeline's own machine, whatever CPU ran the benchmark's B."""
+    import json
+
+    import yaml
+
+    from benchmarks.epochs import pipeline_check
+
+    c = curves()
+    assert pipeline_check(c, tmp_path, 1.0) == ""                        # no cells: nothing said
+    for init, by_budget in MEANS.items():
+        for seed in (0, 1, 2):
+            folder = tmp_path / f"digits-{init}" / f"seed{seed}"
+            folder.mkdir(parents=True)
+            # the pipeline's 160 sits 0.8 below the benchmark's 320 for trunc_normal, 0.2 for the others
+            acc = by_budget[320] - (0.8 if init == "trunc_normal" else 0.2)
+            (folder / "metrics.json").write_text(json.dumps({"final_test_acc": acc / 100}))
+            (folder / "params.yaml").write_text(yaml.safe_dump({"epochs": 160, "cpu": "AMD", "cpu_threads": 2}))
+    text = pipeline_check(c, tmp_path, 1.0)
+    assert "cells at 160 epochs" in text and "AMD, 2 threads" in text and "320-epoch runs" in text
+    assert "largest Trunc Normal +0.80: within 1 point" in text
+    assert "NOT within 0.5 point" in pipeline_check(c, tmp_path, 0.5)
+    assert "Trunc Normal +0.80" in report(c, 1.0, [0, 1, 2], False, "x", pipeline_check(c, tmp_path, 1.0))
