@@ -109,9 +109,10 @@ def preopt_table(preopt: pd.DataFrame) -> str:
                                    "solves"], tablefmt="github", disable_numparse=True)
 
 
-def interval(low: float, high: float, defined: bool) -> dict:
-    """A 95 % interval as summary.json's two scalar keys (None where it is undefined, n = 1)."""
-    return {"ci95_low": round(low, 3) if defined else None, "ci95_high": round(high, 3) if defined else None}
+def interval(low: float, high: float) -> dict:
+    """A 95 % interval as summary.json's two scalar keys (None where it is undefined: nan, n = 1)."""
+    return {"ci95_low": None if math.isnan(low) else round(low, 3),
+            "ci95_high": None if math.isnan(high) else round(high, 3)}
 
 
 def summary(runs: pd.DataFrame, datasets: list[str], inits: list[str], ours: str,
@@ -129,14 +130,14 @@ def summary(runs: pd.DataFrame, datasets: list[str], inits: list[str], ours: str
         for init in inits:
             s = stats.loc[(ds, init)]
             d[init] = {"acc": round(s["mean"], 3), "std": round(s["std"], 3), "n": int(s["n"]),
-                       **interval(s["ci_low"], s["ci_high"], s["n"] > 1)}
+                       **interval(s["ci_low"], s["ci_high"])}
         d["ours"] = {"init": ours, **d[ours]}
         if "trunc_normal" in d:
             d["ours"]["delta_vs_trunc_normal"] = round(d[ours]["acc"] - d["trunc_normal"]["acc"], 3)
         c = (primary or {}).get(ds)
         if c is not None:
             d["primary"] = {"contrast": f"{c.a} - {c.b}", "diff": round(c.diff, 3),
-                            **interval(c.ci_low, c.ci_high, not math.isnan(c.ci_low)),
+                            **interval(c.ci_low, c.ci_high),
                             "p": None if math.isnan(c.p) else float(f"{c.p:.4g}"), "n": c.n,
                             "alternative": c.alternative, "verdict": c.verdict}
         out[ds] = d
