@@ -19,42 +19,21 @@ unchanged on a GPU, where stacking packs several small models onto one device.
 import argparse
 import dataclasses
 import statistics
-import time
 
 import torch
 import yaml
 from tabulate import tabulate
 
 import structinit as si
-from benchmarks.train_throughput import eager_step
 from structinit.pipeline.build import build_model
-from structinit.training.common import lr_at, param_groups
-from structinit.training.trainer import BatchAugmentation, train_models
+from structinit.training.reference import train_plain
+from structinit.training.trainer import train_models
 
 
 def one_model_loop(model, data, cfg, device) -> float:
-    """Train one model the straightforward way; returns training images/s."""
-    augmentation = BatchAugmentation(data, cfg, device)
-    train_x, train_y = data.train_images.to(device), data.train_labels.to(device)
-    model.to(device).train()
-    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps,
-                            fused=device.type in ("cuda", "cpu"))
-    bs = min(cfg.batch_size, len(train_y))
-    steps = len(train_y) // bs
-    seconds = 0.0
-    for epoch in range(cfg.epochs):
-        t = time.perf_counter()
-        gen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + epoch)
-        order = torch.randperm(len(train_y), device=device, generator=gen)
-        for i in range(steps):
-            for g in opt.param_groups:
-                g["lr"] = lr_at(epoch * steps + i, steps * cfg.epochs, round(cfg.warmup_epochs * steps), cfg)
-            rows = order[i * bs:(i + 1) * bs]
-            eager_step(model, opt, augmentation.augment(train_x[rows], gen), train_y[rows], cfg, device)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds += time.perf_counter() - t
-    return steps * bs * cfg.epochs / seconds
+    """Train one model the straightforward way (the reference trainer); returns training images/s."""
+    hist = train_plain(model, data, cfg, device=device)
+    return sum(h["images_per_s"] * h["train_seconds"] for h in hist) / sum(h["train_seconds"] for h in hist)
 
 
 def stacked(n, rec, data, cfg, device) -> float:

@@ -36,7 +36,8 @@ from torchvision import transforms
 
 import structinit as si
 from structinit.pipeline.build import build_model
-from structinit.training.common import autocast, lr_at, param_groups
+from structinit.training.common import lr_at, param_groups
+from structinit.training.reference import plain_step
 from structinit.training.trainer import evaluate, BatchAugmentation
 
 
@@ -51,18 +52,6 @@ class PILDataset(torch.utils.data.Dataset):
         img = self.images[i]
         img = Image.fromarray(img[..., 0] if img.shape[-1] == 1 else img)
         return self.transform(img), self.labels[i]
-
-
-def eager_step(model, opt, x, y, cfg, device) -> torch.Tensor:
-    """One textbook training step of an eager module: forward, loss, backward, clip, AdamW."""
-    with autocast(cfg, device):
-        logits = model(x)
-    loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    opt.step()
-    return loss
 
 
 def baseline_train(model, data, cfg, device, workers):
@@ -92,7 +81,7 @@ def baseline_train(model, data, cfg, device, workers):
             for g in opt.param_groups:
                 g["lr"] = lr_at(epoch * steps + i, total, warm, cfg)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            eager_step(model, opt, x, y, cfg, device).item()   # the usual per-step logging sync
+            plain_step(model, opt, x, y, cfg, device).item()   # the usual per-step logging sync
             seen += len(y)
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -117,7 +106,7 @@ def model_step_only(model, data, cfg, device, steps):
                             fused=device.type in ("cuda", "cpu"))
 
     def step():
-        eager_step(model, opt, x, y, cfg, device)
+        plain_step(model, opt, x, y, cfg, device)
 
     for _ in range(3):
         step()                                           # warm-up: allocator, kernels

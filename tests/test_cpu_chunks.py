@@ -6,7 +6,7 @@ from timm.layers import DropPath
 
 import structinit as si
 from conftest import small_vit
-from structinit.training.cpu_chunks import ChunkedBackward, plan_cpu_chunks
+from structinit.training.gradient_step import ChunkedStep, WholeBatchStep, plan_cpu_chunks
 from structinit.training.stacked import StackedModels
 from structinit.training.trainer import BatchAugmentation, loss_and_grads
 
@@ -30,9 +30,13 @@ def test_chunked_gradient_is_the_full_batch_gradient(digits):
     stack = StackedModels(models)
     full, losses, logits = loss_and_grads(stack, x, y, cfg, CPU)
     assert "pos_embed" not in full                               # frozen: no gradient
-    with ChunkedBackward(stack, 3, lambda s, xc, yc: loss_and_grads(s, xc, yc, cfg, CPU)) as chunked:
-        loss_sum, correct = chunked.backward(x, y)
+    with ChunkedStep(stack, 3, lambda s, xc, yc: loss_and_grads(s, xc, yc, cfg, CPU)) as chunked:
+        loss_sum, correct = chunked.collect(chunked.submit(x, y))
     torch.testing.assert_close(loss_sum, losses * 60, rtol=1e-5, atol=1e-5)
+    whole = WholeBatchStep(stack, lambda s, xc, yc: loss_and_grads(s, xc, yc, cfg, CPU))   # the same interface
+    whole_sum, whole_correct = whole.collect(whole.submit(x, y))
+    torch.testing.assert_close(whole_sum, loss_sum, rtol=1e-5, atol=1e-5)
+    assert whole_correct.tolist() == correct.tolist()
     assert correct.tolist() == (logits.argmax(-1) == y).sum(1).tolist()
     for n, p in stack.trainable().items():
         torch.testing.assert_close(p.grad, full[n], rtol=1e-4, atol=1e-6, msg=n)

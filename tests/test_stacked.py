@@ -2,14 +2,13 @@
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import structinit as si
 from structinit.models import convmixer
 from conftest import small_vit
 from structinit.training.stacked import StackedModels, clip_grad_norm_per_model
-from structinit.training.common import lr_at, param_groups
-from structinit.training.trainer import BatchAugmentation, train_models
+from structinit.training.reference import train_plain
+from structinit.training.trainer import train_models
 
 # fp32 (amp off): these tests compare stacked, chunked and plain steps to float noise, which
 # bf16 (amp=auto's choice on CPUs with native bf16) would drown; test_train.py runs bf16
@@ -98,41 +97,15 @@ def test_two_seeds_stacked_train_as_each_alone(digits):
     assert stacked[1][-1]["train_loss"] < stacked[1][0]["train_loss"]
 
 
-def _plain_loop(model, data, cfg, idx):
-    """An independent restatement of one model's training: module forward (fused attention),
-    torch's own clip_grad_norm_, AdamW; the same batches as the trainer."""
-    augmentation = BatchAugmentation(data, cfg, torch.device("cpu"))
-    x_all, y_all = data.train_images[idx], data.train_labels[idx]
-    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps)
-    steps = len(y_all) // cfg.batch_size
-    losses = []
-    for epoch in range(cfg.epochs):
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
-        order = torch.randperm(len(y_all), generator=gen)
-        total = 0.0
-        for i in range(steps):
-            for g in opt.param_groups:
-                g["lr"] = lr_at(epoch * steps + i, steps * cfg.epochs, round(cfg.warmup_epochs * steps), cfg)
-            rows = order[i * cfg.batch_size:(i + 1) * cfg.batch_size]
-            loss = F.cross_entropy(model(augmentation.augment(x_all[rows], gen)), y_all[rows],
-                                   label_smoothing=cfg.label_smoothing)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            total += loss.item()
-        losses.append(total / steps)
-    return losses
-
-
 def test_trainer_matches_a_plain_training_loop(digits):
-    """train_models on one model == the textbook loop, to float noise (the stacked path runs
-    attention unfused on CPU), with the paper's clip and label smoothing active."""
+    """train_models on one model == the reference trainer (reference.py: the textbook loop,
+    timm's module as it is, torch's clip and AdamW), to float noise, with the paper's clip and
+    label smoothing active."""
     cfg = si.TrainConfig(epochs=2, seed=3, **{**FAST, "grad_clip": 0.5, "randaugment": "rand-m9-mstd0.5-inc1"})
     a, b = _vits([3, 3])
-    plain = _plain_loop(a, digits, cfg, SUBSET)
+    plain = train_plain(a, digits, cfg, train_indices=SUBSET)
     ours = train_models([b], digits, [cfg], device="cpu", train_indices=SUBSET, progress=False)[0]
-    assert [h["train_loss"] for h in ours] == pytest.approx(plain, rel=1e-4)
+    assert [h["train_loss"] for h in ours] == pytest.approx([h["train_loss"] for h in plain], rel=1e-4)
     for k, v in a.state_dict().items():
         torch.testing.assert_close(b.state_dict()[k], v, atol=1e-4, rtol=1e-4, msg=k)
 

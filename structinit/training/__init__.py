@@ -7,7 +7,8 @@
                     held step counts (data-size study)
     trainer.py      the on-device trainer: every seed of a cell at once (train_models)
     stacked.py      N models of one architecture run as one (torch.func.vmap)
-    cpu_chunks.py   CPU: a batch as one single-threaded chunk per core
+    gradient_step.py  one step's gradients: the whole batch, or on CPU one chunk per core
+    reference.py    the textbook one-model loop the equivalence tests and benchmarks compare with
     streamed.py     the streamed trainer (ImageNet: images decoded by workers)
 
 Nothing is imported here: `structinit.training.config` stays importable without torch.

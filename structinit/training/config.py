@@ -27,7 +27,7 @@ class TrainConfig:
     randaugment: str | None = "rand-m9-mstd0.5-inc1"
     hflip: bool = True
     amp: str = "auto"            # auto: bf16 autocast on CUDA and on CPUs with native bf16, else fp32
-    cpu_chunks: str | int = "auto"  # CPU: run each batch as n single-threaded chunks (cpu_chunks.py)
+    cpu_chunks: str | int = "auto"  # CPU: run each batch as n single-threaded chunks (gradient_step.py)
     eval_every: int = 1          # test-set evaluation every n epochs (and always after the last)
     # The streamed trainer's (ImageNet) extras, timm's train.py options of the same meaning;
     # the on-device trainer refuses them rather than ignore them.

@@ -16,7 +16,6 @@ file, written atomically, so a kill can never leave the models at different epoc
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import time
@@ -35,9 +34,9 @@ from structinit.training.common import (NonFiniteLossError, _decay_groups, autoc
 from structinit.training.common import compute_dtype as compute_dtype   # re-exported: stages/train.py
 from structinit.config import RandAugmentPolicy
 from structinit.training.config import TrainConfig
-from structinit.training.cpu_chunks import ChunkedBackward, plan_cpu_chunks
+from structinit.training.gradient_step import plan_gradient_step
 from structinit.distributed import DistributedContext, refuse_batchnorm
-from structinit.training.stacked import StackedModels, clip_grad_norm_per_model, set_grads
+from structinit.training.stacked import StackedModels, clip_grad_norm_per_model
 from structinit.training.steps import steps_per_epoch
 
 # What both trainers share (the schedule, parameter groups, precision, NonFiniteLossError,
@@ -93,68 +92,22 @@ def evaluate(model, images: torch.Tensor, labels: torch.Tensor, *, augmentation:
     return {"test_loss": loss_sum.item() / n, "test_acc": correct.item() / n}
 
 
-@dataclasses.dataclass(eq=False)                  # identity: runs.index(run) finds this run
-class _Run:
-    """One model's training: its weights, history so far and optimizer state."""
-    model: torch.nn.Module
-    cfg: TrainConfig
-    fingerprint: dict
-    history: list = dataclasses.field(default_factory=list)
-    optimizer: dict | None = None       # {"step": float, "exp_avg": {name: t}, "exp_avg_sq": {...}}
-
-    @property
-    def epochs_done(self) -> int:
-        return len(self.history)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class _Setup:
-    """What every stacked group of one train_models call trains with: the recipe, where it
-    runs, the data on the device and what to report. progress and on_epoch_end are rank 0's
-    (False / None on the other processes)."""
-    cfg: TrainConfig                    # the shared recipe; each run's seed is its run.cfg.seed
-    device: torch.device
-    ctx: DistributedContext
-    augmentation: BatchAugmentation
-    train_x: torch.Tensor               # uint8 images (n, C, H, W) and labels (n,), on the device
-    train_y: torch.Tensor
-    test_x: torch.Tensor
-    test_y: torch.Tensor
-    batch_size: int                     # the global batch; each process trains its slice of it
-    progress: bool                      # print a progress bar and a line per epoch
-    on_epoch_end: Callable[[_Run, dict], None] | None
-
-
-@dataclasses.dataclass(eq=False)
-class _StackedGroup:
-    """Runs that train together as one stacked model: the stack, its optimizer and, on CPU,
-    its chunked step (None: each step's gradients in one pass)."""
-    runs: list[_Run]
-    stack: StackedModels
-    opt: torch.optim.Optimizer
-    chunked: ChunkedBackward | None
-    checkpoint: Path | None             # every run's state, one file (rank 0 writes it)
-
-    @property
-    def seeds(self) -> list[int]:
-        return [r.cfg.seed for r in self.runs]
-
-
 def train_model(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
                 device: torch.device | str | None = None, train_indices: torch.Tensor | None = None,
                 checkpoint_path: str | Path | None = None, fingerprint: dict | None = None,
                 on_epoch_end=None, progress: bool = True) -> list[dict]:
-    """Train one model in place; returns one metrics dict per epoch (see train_models)."""
-    callback = (lambda i, metrics: on_epoch_end(metrics)) if on_epoch_end else None
+    """Train one model in place; returns one metrics dict per epoch (see train_models).
+    on_epoch_end(metrics), as the streamed trainer's (streamed.train)."""
+    report = (lambda i, metrics: on_epoch_end(metrics)) if on_epoch_end else None
     return train_models([model], data, [cfg], device=device, train_indices=train_indices,
                         checkpoint_path=checkpoint_path, fingerprints=[fingerprint],
-                        on_epoch_end=callback, progress=progress)[0]
+                        on_epoch_end=report, progress=progress)[0]
 
 
 def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[TrainConfig], *,
                  device: torch.device | str | None = None, train_indices: torch.Tensor | None = None,
                  checkpoint_path: str | Path | None = None, fingerprints: list | None = None,
-                 on_epoch_end=None, progress: bool = True,
+                 on_epoch_end: Callable[[int, dict], None] | None = None, progress: bool = True,
                  ctx: DistributedContext | None = None) -> list[list[dict]]:
     """Train models of one architecture in place, stacked; returns each one's epoch metrics.
 
@@ -173,6 +126,7 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
     it, and the gradients are averaged over processes before clipping: each step is the
     one-process step, to float noise. Rank 0 alone writes checkpoints and calls on_epoch_end.
     """
+    # ---- what trains, where, in which precision ----
     if len(cfgs) != len(models):
         raise ValueError(f"{len(models)} models but {len(cfgs)} configs: give one config per model")
     for i, c in enumerate(cfgs[1:], 1):
@@ -184,114 +138,110 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
     cfg = cfgs[0]
     if cfg.streamed_only:
         raise ValueError(f"{cfg.streamed_only}: the on-device trainer does not implement these; they are "
-                         "the streamed trainer's (stream_train.py, datasets read from a directory)")
+                         "the streamed trainer's (structinit/training/streamed.py, datasets read from a directory)")
     ctx = ctx or DistributedContext()
     if cfg.batch_size % ctx.world_size:
         raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {ctx.world_size} processes; "
                          "the global batch must split evenly")
     device = torch.device(device) if device is not None else ctx.device() if ctx.enabled else default_device()
     refuse_batchnorm(models, ctx.world_size)
-    checkpoint = Path(checkpoint_path) if checkpoint_path else None
-    fingerprints = fingerprints or [None] * len(models)
     cfg, dtype = resolve_amp(cfg, device, models[0])                          # amp='auto' resolved, once
-    runs = [_Run(m.to(device), c, checkpoint_fingerprint(c, dtype, f)) for m, c, f in zip(models, cfgs, fingerprints)]
+    seeds = [c.seed for c in cfgs]
+    models = [m.to(device) for m in models]
+    fingerprints = [checkpoint_fingerprint(c, dtype, f) for c, f in zip(cfgs, fingerprints or [None] * len(models))]
+    report = on_epoch_end if on_epoch_end and ctx.is_main else None
+    show = progress and ctx.is_main
+
+    # ---- resume: every model's history and optimizer state, from one file ----
     # Rank 0 restores first (and moves a damaged checkpoint aside), then the others read what
     # it left, so that every process starts from the same epoch.
+    checkpoint = Path(checkpoint_path) if checkpoint_path else None
     if ctx.is_main:
-        _restore(runs, checkpoint, device, announce=True)
+        restored = _restore(models, fingerprints, checkpoint, device, cfg.epochs, announce=True)
     ctx.barrier()
     if not ctx.is_main:
-        _restore(runs, checkpoint, device, announce=False)
-    for run in runs:
+        restored = _restore(models, fingerprints, checkpoint, device, cfg.epochs, announce=False)
+    histories = [history for history, _ in restored] if restored else [[] for _ in models]
+    for model in models:
         # every process builds the models itself; should a build differ (a solve that is not
         # bitwise reproducible on a GPU), rank 0's weights, the ones written out, are trained
-        ctx.broadcast_from_main([*run.model.parameters(), *run.model.buffers()])
-    for i, run in enumerate(runs):
-        for metrics in run.history:
-            if on_epoch_end and ctx.is_main:
-                on_epoch_end(i, metrics)
+        ctx.broadcast_from_main([*model.parameters(), *model.buffers()])
+    for i, history in enumerate(histories):
+        for metrics in history:
+            if report:
+                report(i, metrics)
+    start = len(histories[0])                         # every model's: restored from one file
+    if start >= cfg.epochs:
+        return histories
 
+    # ---- the data on the device, the stack, its optimizer and its gradient step ----
     idx = train_indices if train_indices is not None else torch.arange(len(data.train_labels))
-    train_x = data.train_images[idx].to(device)
-    train_y = data.train_labels[idx].to(device)
+    train_x = data.train_images[idx].to(device)                        # uint8 (n, C, H, W)
+    train_y = data.train_labels[idx].to(device)                        # (n,)
     test_x, test_y = data.test_images.to(device), data.test_labels.to(device)
-    batch_size = min(cfg.batch_size, len(train_y))
-    report = ((lambda run, metrics: on_epoch_end(runs.index(run), metrics))
-              if on_epoch_end and ctx.is_main else None)
-    setup = _Setup(cfg=cfg, device=device, ctx=ctx, augmentation=BatchAugmentation(data, cfg, device),
-                   train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y,
-                   batch_size=batch_size, progress=progress and ctx.is_main, on_epoch_end=report)
-    start = runs[0].epochs_done                       # every run's: restored from one file
-    if start < cfg.epochs:
-        stack = StackedModels([r.model for r in runs]).to(device).train()
-        opt = _stacked_adamw(stack, [r.optimizer for r in runs], cfg, device)
-        chunks, how = plan_cpu_chunks(cfg.cpu_chunks, stack.base, device, batch_size // ctx.world_size)
-        chunked = (ChunkedBackward(stack, chunks, lambda replica, x, y: loss_and_grads(replica, x, y, cfg, device))
-                   if chunks > 1 else None)
-        if setup.progress:
-            where = f"{device} x {ctx.world_size} processes" if ctx.enabled else device
-            print(f"training {len(runs)} model(s) stacked on {where} in {dtype}, "
-                  f"epochs {start + 1}-{cfg.epochs}: {how} per step")
-        group = _StackedGroup(runs=runs, stack=stack, opt=opt, chunked=chunked, checkpoint=checkpoint)
-        with chunked or contextlib.nullcontext():
-            _train_epochs(group, range(start, cfg.epochs), setup)
-        for i, run in enumerate(runs):
-            run.model.load_state_dict(stack.state_dict_of(i))
-            run.optimizer = _optimizer_state_of(opt, stack, i)
-    return [r.history for r in runs]
+    batch_size = min(cfg.batch_size, len(train_y))    # the global batch; each process trains its slice
+    augmentation = BatchAugmentation(data, cfg, device)
+    stack = StackedModels(models).to(device).train()
+    opt = _stacked_adamw(stack, [state for _, state in restored] if restored else [None] * len(models), cfg, device)
+    step, how = plan_gradient_step(cfg.cpu_chunks, stack, device, batch_size // ctx.world_size,
+                                   lambda replica, x, y: loss_and_grads(replica, x, y, cfg, device))
+    if show:
+        where = f"{device} x {ctx.world_size} processes" if ctx.enabled else device
+        print(f"training {len(models)} model(s) stacked on {where} in {dtype}, "
+              f"epochs {start + 1}-{cfg.epochs}: {how} per step")
+
+    # ---- the epochs: train, evaluate when due, log, checkpoint, report ----
+    with step:
+        for epoch in range(start, cfg.epochs):
+            per_model = _train_epoch(stack, opt, step, train_x, train_y, augmentation, seeds, epoch,
+                                     cfg=cfg, batch_size=batch_size, device=device, ctx=ctx, progress=show)
+            if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
+                t = time.perf_counter()
+                with step.all_threads():
+                    tests = _evaluate_stacked(stack, test_x, test_y, augmentation=augmentation,
+                                              cfg=cfg, device=device)
+                seconds = time.perf_counter() - t
+                for metrics, test in zip(per_model, tests):
+                    metrics.update(test)
+                    metrics["seconds"] += seconds
+            if show:
+                accs = [m["test_acc"] for m in per_model if "test_acc" in m]
+                test = f"test acc {' '.join(f'{a:.4f}' for a in accs)}  " if accs else ""
+                losses = " ".join(f"{m['train_loss']:.4f}" for m in per_model)
+                tqdm.write(f"epoch {epoch + 1}/{cfg.epochs}  loss {losses}  {test}"
+                           f"({per_model[0]['images_per_s'] * len(models):.0f} model-img/s)")
+            for history, metrics in zip(histories, per_model):
+                history.append(metrics)
+            if checkpoint is not None and ctx.is_main:
+                save_checked(checkpoint, {
+                    "fingerprints": fingerprints, "epoch": epoch,
+                    "models": [{"history": history, "model": stack.state_dict_of(i),
+                                "optimizer": _optimizer_state_of(opt, stack, i)}
+                               for i, history in enumerate(histories)]})
+            for i, metrics in enumerate(per_model):
+                if report:
+                    report(i, metrics)
+    for i, model in enumerate(models):
+        model.load_state_dict(stack.state_dict_of(i))
+    return histories
 
 
-def _train_epochs(group: _StackedGroup, epochs: range, setup: _Setup) -> None:
-    """Train the stacked `group` for `epochs`: evaluate, log, checkpoint each epoch."""
-    cfg, stack, chunked = setup.cfg, group.stack, group.chunked
-    for epoch in epochs:
-        per_model = _train_epoch(group, epoch, setup)
-        if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
-            t = time.perf_counter()
-            with chunked.all_threads() if chunked else contextlib.nullcontext():
-                tests = _evaluate_stacked(stack, setup.test_x, setup.test_y, augmentation=setup.augmentation,
-                                          cfg=cfg, device=setup.device)
-            seconds = time.perf_counter() - t
-            for metrics, test in zip(per_model, tests):
-                metrics.update(test)
-                metrics["seconds"] += seconds
-        if setup.progress:
-            accs = [m["test_acc"] for m in per_model if "test_acc" in m]
-            test = f"test acc {' '.join(f'{a:.4f}' for a in accs)}  " if accs else ""
-            losses = " ".join(f"{m['train_loss']:.4f}" for m in per_model)
-            tqdm.write(f"epoch {epoch + 1}/{cfg.epochs}  loss {losses}  {test}"
-                       f"({per_model[0]['images_per_s'] * len(group.runs):.0f} model-img/s)")
-        for run, metrics in zip(group.runs, per_model):
-            run.history.append(metrics)
-        if group.checkpoint is not None and setup.ctx.is_main:
-            save_checked(group.checkpoint, {
-                "fingerprints": [run.fingerprint for run in group.runs], "epoch": epoch,
-                "models": [{"history": run.history, "model": stack.state_dict_of(i),
-                            "optimizer": _optimizer_state_of(group.opt, stack, i)}
-                           for i, run in enumerate(group.runs)]})
-        for run, metrics in zip(group.runs, per_model):
-            if setup.on_epoch_end:
-                setup.on_epoch_end(run, metrics)
-
-
-def _restore(runs: list[_Run], checkpoint: Path | None, device: torch.device, announce: bool) -> None:
-    """Resume every run from `checkpoint` if it is sound and was written for exactly these
-    runs' configurations (common.restore_checkpoint); otherwise every run starts afresh.
-    announce: say so (rank 0)."""
+def _restore(models: list[torch.nn.Module], fingerprints: list[dict], checkpoint: Path | None,
+             device: torch.device, epochs: int, announce: bool) -> list[tuple[list, dict]] | None:
+    """Each model's (history, optimizer state), its weights loaded, from `checkpoint` if it is
+    sound and was written for exactly these fingerprints (common.restore_checkpoint); None:
+    every model starts afresh. announce: say which (rank 0)."""
     def load(state: dict) -> list[tuple[list, dict]]:
         restored = []
-        for run, saved in zip(runs, state["models"], strict=True):
-            run.model.load_state_dict(saved["model"])
+        for model, saved in zip(models, state["models"], strict=True):
+            model.load_state_dict(saved["model"])
             if len(saved["history"]) != state["epoch"] + 1 or not isinstance(saved["optimizer"], dict):
                 raise KeyError("history/epoch/optimizer")
             restored.append((saved["history"], saved["optimizer"]))
         return restored
 
-    restored = restore_checkpoint(checkpoint, "fingerprints", [r.fingerprint for r in runs], load,
-                                  modules=[r.model for r in runs], device=device, announce=announce,
-                                  epochs_done=lambda restored: len(restored[0][0]), epochs=runs[0].cfg.epochs)
-    for run, (history, optimizer) in zip(runs, restored or []):
-        run.history, run.optimizer = history, optimizer
+    return restore_checkpoint(checkpoint, "fingerprints", fingerprints, load, modules=models, device=device,
+                              announce=announce, epochs_done=lambda restored: len(restored[0][0]), epochs=epochs)
 
 
 def _stacked_adamw(stack: StackedModels, states: list[dict | None], cfg: TrainConfig,
@@ -326,7 +276,7 @@ def loss_and_grads(stack: StackedModels, x: torch.Tensor, y: torch.Tensor, cfg: 
                    device: torch.device) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """The training objective of model i on x[i] (N, B, ...), y[i] (N, B) -> (gradients
     {trainable name: (N, ...)}, mean label-smoothed loss (N,), logits (N, B, classes));
-    what ChunkedBackward runs on each chunk."""
+    what gradient_step's steps run (on each chunk, on CPU)."""
     def objective(logits, labels):                   # one model's batch: (B, classes), (B,)
         return F.cross_entropy(logits.float(), labels, label_smoothing=cfg.label_smoothing)
     return stack.loss_and_grads(x, y, objective, lambda: autocast(cfg, device))
@@ -364,17 +314,31 @@ def _stop_if_nonfinite(first_bad_step: torch.Tensor, seeds: list[int], epoch: in
             " and nothing after its last finished epoch was written. Lower the lr or check the data.")
 
 
-def _train_epoch(group: _StackedGroup, epoch: int, setup: _Setup) -> list[dict]:
+def _train_epoch(stack: StackedModels, opt: torch.optim.Optimizer, step, train_x: torch.Tensor,
+                 train_y: torch.Tensor, augmentation: BatchAugmentation, seeds: list[int], epoch: int, *,
+                 cfg: TrainConfig, batch_size: int, device: torch.device, ctx: DistributedContext,
+                 progress: bool) -> list[dict]:
     """One pass of every stacked model over the (shuffled) training set, each in its own
-    seed's order; no host sync until its end."""
+    seed's order; no host sync until its end. step: gradient_step's (submit/collect)."""
     t0 = time.perf_counter()
-    cfg, device, ctx = setup.cfg, setup.device, setup.ctx
-    stack, chunked, opt, seeds = group.stack, group.chunked, group.opt, group.seeds
-    train_x, train_y, batch_size = setup.train_x, setup.train_y, setup.batch_size
     n_steps = steps_per_epoch(len(train_y), batch_size)      # drop the ragged tail: static shapes
     total_steps, warmup_steps = schedule_steps(cfg, n_steps)
     gens = [_epoch_generator(seed, epoch, device) for seed in seeds]
     orders = [torch.randperm(len(train_y), device=device, generator=g) for g in gens]
+    local_batch = batch_size // ctx.world_size
+    local_rows = slice(ctx.rank * local_batch, (ctx.rank + 1) * local_batch)
+
+    def batch(i):
+        """Each model's batch i, drawn from its own generator, in order, as it would be alone."""
+        if i == n_steps:
+            return None
+        rows = [order[i * batch_size:(i + 1) * batch_size] for order in orders]
+        x = torch.stack([augmentation.augment(train_x[r], g) for r, g in zip(rows, gens)])  # (N, B, C, H, W)
+        y = torch.stack([train_y[r] for r in rows])                                     # (N, B)
+        if ctx.enabled:                               # this process's rows of the global batch
+            x, y = x[:, local_rows], y[:, local_rows]
+        return x, y
+
     loss_sum = torch.zeros(stack.n, device=device)
     correct = torch.zeros(stack.n, device=device, dtype=torch.long)
     first_bad_step = torch.full((stack.n,), -1, device=device, dtype=torch.long)  # per model
@@ -382,37 +346,14 @@ def _train_epoch(group: _StackedGroup, epoch: int, setup: _Setup) -> list[dict]:
     # a host sync per step, so there the device-side record is checked at the end of the epoch.
     check_every = 1 if device.type == "cpu" else n_steps
     params = list(stack.trainable().values())
-    bar = tqdm(range(n_steps), desc=f"epoch {epoch + 1}/{cfg.epochs}",
-               disable=not setup.progress, leave=False, mininterval=1.0)
-
-    def batch(i):
-        """Each model's batch i, drawn from its own generator, in order, as it would be alone."""
-        if i == n_steps:
-            return None
-        rows = [order[i * batch_size:(i + 1) * batch_size] for order in orders]
-        x = torch.stack([setup.augmentation.augment(train_x[r], g) for r, g in zip(rows, gens)])  # (N, B, C, H, W)
-        y = torch.stack([train_y[r] for r in rows])                                     # (N, B)
-        if ctx.enabled:                               # this process's rows of the global batch
-            x, y = x[:, local_rows], y[:, local_rows]
-        return x, y
-
-    local_batch = batch_size // ctx.world_size
-    local_rows = slice(ctx.rank * local_batch, (ctx.rank + 1) * local_batch)
     upcoming = batch(0)
-    for i in bar:
-        step = epoch * n_steps + i
+    for i in tqdm(range(n_steps), desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not progress, leave=False,
+                  mininterval=1.0):
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, total_steps, warmup_steps, cfg)
-        x, y = upcoming
-        if chunked is not None:
-            pending = chunked.submit(x, y)            # the chunks run on the pool threads...
-            upcoming = batch(i + 1)                   # ...while this one prepares the next batch
-            batch_loss_sum, batch_correct = chunked.collect(pending)   # sets .grad
-        else:
-            grads, losses, logits = loss_and_grads(stack, x, y, cfg, device)
-            set_grads(stack.trainable(), grads)
-            batch_loss_sum, batch_correct = losses * local_batch, (logits.argmax(-1) == y).sum(1)
-            upcoming = batch(i + 1)
+            group["lr"] = lr_at(epoch * n_steps + i, total_steps, warmup_steps, cfg)
+        pending = step.submit(*upcoming)              # on CPU chunks, this runs on the pool threads...
+        upcoming = batch(i + 1)                       # ...while this thread prepares the next batch
+        batch_loss_sum, batch_correct = step.collect(pending)          # sets .grad
         if ctx.enabled:                               # what DDP does: the global batch's mean gradient
             for p in params:
                 ctx.sum(p.grad).div_(ctx.world_size)

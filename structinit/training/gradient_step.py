@@ -1,11 +1,21 @@
-"""CPU training step as n single-threaded chunks on n threads, gradients summed.
+"""One training step's gradients, two ways, one interface: `submit(x, y)`, then `collect(pending)`.
 
-Why: on a CPU, PyTorch's intra-op threads fork and join inside every op, and a small ViT's
-ops (64 tokens, width 48) are short. Splitting each batch into one chunk per core, each
+    step = plan_gradient_step(cfg.cpu_chunks, stack, device, batch, loss_and_grads)
+    with step:                          # the chunked step sets torch to one thread per chunk
+        pending = step.submit(x, y)     # x (N, B, ...), y (N, B): every stacked model's batch
+        ...                             # the caller prepares the next batch meanwhile
+        loss_sum, correct = step.collect(pending)   # sets p.grad; (N,) each
+        with step.all_threads(): ...    # evaluation, with the process's intra-op threads
+
+WholeBatchStep: the batch's gradients in one pass (GPUs; CPU models that cannot be split).
+ChunkedStep (CPU): the batch as n single-threaded chunks on n threads, gradients summed.
+
+Why chunks: on a CPU, PyTorch's intra-op threads fork and join inside every op, and a small
+ViT's ops (64 tokens, width 48) are short. Splitting each batch into one chunk per core, each
 forward/backward single-threaded on its own Python thread (torch ops release the GIL), keeps
-every core busy with no fork/join inside each op. It applies to the stacked models as they
-are (structinit/training/stacked.py): the chunks split the batch dimension of every model at once.
-Whether it pays: `python -m benchmarks.stacked_throughput` (rows "cpu_chunks=1").
+every core busy with no fork/join inside each op. The chunks split the batch dimension of every
+stacked model at once. Whether it pays: `python -m benchmarks.stacked_throughput` (rows
+"cpu_chunks=1").
 
 Same optimizer step: each chunk's loss is weighted by its share of the batch, so the sum of
 the chunk gradients is the full batch's mean-loss gradient, for every model. Chunks are summed in a fixed
@@ -16,7 +26,7 @@ an explicit count is refused, for BatchNorm (batch statistics, and its running s
 be updated from several threads) and for active dropout / drop-path (one shared RNG drawn
 from several threads in no fixed order).
 
-On CUDA there is nothing to gain (one device, already asynchronous): always one chunk.
+On CUDA there is nothing to gain (one device, already asynchronous): always the whole batch.
 """
 from __future__ import annotations
 
@@ -46,6 +56,19 @@ def _why_not_splittable(model: torch.nn.Module) -> str | None:
     return None
 
 
+LossAndGrads = Callable[[StackedModels, torch.Tensor, torch.Tensor], tuple]
+
+
+def plan_gradient_step(setting: str | int, stack: StackedModels, device: torch.device, batch_size: int,
+                       loss_and_grads: LossAndGrads) -> tuple["WholeBatchStep | ChunkedStep", str]:
+    """The step a stack trains with, and why (for the log): ChunkedStep where plan_cpu_chunks
+    splits the batch, WholeBatchStep otherwise. loss_and_grads(stack, x, y) -> (grads {name:
+    (N, ...)}, each model's mean loss (N,), logits (N, B, classes)): the trainer's own."""
+    chunks, how = plan_cpu_chunks(setting, stack.base, device, batch_size)
+    step = ChunkedStep(stack, chunks, loss_and_grads) if chunks > 1 else WholeBatchStep(stack, loss_and_grads)
+    return step, how
+
+
 def plan_cpu_chunks(setting: str | int, model: torch.nn.Module, device: torch.device,
                     batch_size: int) -> tuple[int, str]:
     """How many chunks a step runs as, and why. setting: "auto" (one per intra-op thread) or
@@ -66,19 +89,47 @@ def plan_cpu_chunks(setting: str | int, model: torch.nn.Module, device: torch.de
     return 1, f"one chunk ({why})"
 
 
-class ChunkedBackward:
-    """Computes a stacked batch's gradients as `chunks` single-threaded pieces in parallel.
+def _sums(losses: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each model's (sum of per-image losses, n correct) from its mean loss (N,), logits
+    (N, B, classes) and labels (N, B)."""
+    return losses * y.shape[1], (logits.argmax(-1) == y).sum(1)
 
-    Use as a context manager: inside it, torch runs one intra-op thread per Python thread
-    (process-wide: torch.set_num_threads), restored on exit.
+
+class WholeBatchStep:
+    """The batch's gradients in one pass, with the process's intra-op threads."""
+
+    def __init__(self, stack: StackedModels, loss_and_grads: LossAndGrads):
+        self.stack, self.loss_and_grads = stack, loss_and_grads
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def all_threads(self):
+        return contextlib.nullcontext()
+
+    def submit(self, x: torch.Tensor, y: torch.Tensor) -> tuple:
+        grads, losses, logits = self.loss_and_grads(self.stack, x, y)
+        return grads, _sums(losses, logits, y)
+
+    def collect(self, pending: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        grads, sums = pending
+        set_grads(self.stack.trainable(), grads)
+        return sums
+
+
+class ChunkedStep:
+    """A stacked batch's gradients as `chunks` single-threaded pieces in parallel.
+
+    Inside `with`, torch runs one intra-op thread per Python thread (process-wide:
+    torch.set_num_threads), restored on exit.
     """
 
-    def __init__(self, stack: StackedModels, chunks: int,
-                 loss_and_grads: Callable[[StackedModels, torch.Tensor, torch.Tensor], tuple]):
-        """loss_and_grads(stack, x, y) -> (grads {name: (N, ...)}, each model's mean loss (N,),
-        logits (N, B, classes)): the trainer's own (train.loss_and_grads), run on each chunk's
-        thread (so whatever it enters, e.g. autocast, which is per thread, applies there) with
-        that thread's replica."""
+    def __init__(self, stack: StackedModels, chunks: int, loss_and_grads: LossAndGrads):
+        """loss_and_grads runs on each chunk's thread (so whatever it enters, e.g. autocast,
+        which is per thread, applies there) with that thread's replica."""
         self.chunks, self.loss_and_grads = chunks, loss_and_grads
         # functional_call swaps tensors into its module while it runs: one module per thread.
         self.replicas = [stack] + [stack.replica() for _ in range(chunks - 1)]
@@ -108,24 +159,17 @@ class ChunkedBackward:
 
     def _one_chunk(self, replica, x, y, weight):
         grads, losses, logits = self.loss_and_grads(replica, x, y)
-        return ({k: g * weight for k, g in grads.items()}, losses * y.shape[1],
-                (logits.argmax(-1) == y).sum(1))
+        return {k: g * weight for k, g in grads.items()}, _sums(losses, logits, y)
 
     def submit(self, x: torch.Tensor, y: torch.Tensor) -> list:
-        """x (N, B, ...), y (N, B): start the chunks (slices of B) on the pool; the caller may
-        work meanwhile, then `collect`."""
+        """Start the chunks (slices of B) on the pool; the caller may work meanwhile."""
         n = y.shape[1]
         return [self._pool.submit(self._one_chunk, replica, xc, yc, yc.shape[1] / n)
                 for replica, xc, yc in zip(self.replicas, x.tensor_split(self.chunks, 1),
                                            y.tensor_split(self.chunks, 1))]
 
     def collect(self, pending: list) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sets p.grad to the batch's gradient; returns each model's (sum of per-image losses,
-        n correct), (N,) each."""
         results = [f.result() for f in pending]   # fixed order: deterministic sums
-        set_grads(self.params, {k: functools.reduce(torch.add, [g[k] for g, _, _ in results])
+        set_grads(self.params, {k: functools.reduce(torch.add, [g[k] for g, _ in results])
                                 for k in self.params})
-        return sum(r[1] for r in results), sum(r[2] for r in results)
-
-    def backward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.collect(self.submit(x, y))
+        return sum(s[0] for _, s in results), sum(s[1] for _, s in results)
