@@ -14,7 +14,7 @@ def main():
     a = ap.parse_args()
     params = load_params()
     text = build_index(Path(a.reports), params["grid"]["datasets"],
-                       params["studies"]["data_size"]["datasets"])
+                       {study: s["datasets"] for study, s in params["studies"].items()})
     write_text(Path(a.reports) / "README.md", text)
 
 

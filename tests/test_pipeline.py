@@ -55,6 +55,7 @@ def tiny_repo_copy(root: Path) -> Path:
                         "studies.convmixer.modes": ["learned", "impulse"],
                         "convmixer_sizes.cm64d4k3": {"dim": 16, "depth": 1, "kernel_size": 3, "patch_size": 1},
                         "studies.pseudo_input.variants": ["UP"],
+                        "studies.pseudo_input.contrasts": {"alpha": 0.05, "planned": ["UP vs PP"]},
                         "studies.convmixer.seeds": [0], "studies.pseudo_input.seeds": [0],
                         "studies.heads_width.seeds": [0],
                         "studies.heads_width.shapes": ["h6"],
@@ -158,6 +159,12 @@ def test_study_stages_build_their_tables_reusing_main_cells(tiny_repo):
     assert r.stdout.count("Running stage 'study_convmixer@") == 2
     for name in ("convmixer_filters", "heads_width"):
         assert "| digits" in (repo / f"reports/{name}.md").read_text()
+    # every study tests its params.yaml plan and says what its design detects
+    for name in ("convmixer_filters", "pseudo_input", "heads_width", "data_size"):
+        text = (repo / f"reports/{name}.md").read_text()
+        assert "Planned in params.yaml" in text and "## Smallest difference this design detects" in text, name
+    convmixer = (repo / "reports/convmixer_filters.md").read_text()
+    assert "## Equivalence: the paper's \"frozen impulse ≈ learned\"" in convmixer
     assert "recipe" in (repo / "reports/heads_width.md").read_text()
     # data size: 150 of the main grid's 300 images, at the main grid's 3 x 4 = 12 optimizer steps
     assert r.stdout.count("Running stage 'study_data_size@") == 2        # 0.5 x 2 inits
@@ -229,8 +236,9 @@ def test_kernel_outside_grid_and_missing_cell_fail_loudly(tiny_repo):
 
 def test_what_a_change_of_grid_seeds_reruns(tiny_repo):
     """The README's promise: a seed added re-runs the main table's stages (each cell's seeds
-    train together), not the studies' training. (`--dry` lists the stages stale now; the study
-    reports that read main-grid cells follow once those cells change.)"""
+    train together), not the studies' training. (`--dry` lists the stages stale now: the study
+    reports read grid.seeds, for the main grid's SD of paired differences, so they are among them;
+    reports_index follows once the reports change.)"""
     repo, _ = tiny_repo
     sh(repo, "dvc", "repro")                    # everything built (a no-op after the tests above)
     set_params(repo, **{"grid.seeds": [0, 1, 2]})
@@ -240,7 +248,8 @@ def test_what_a_change_of_grid_seeds_reruns(tiny_repo):
         set_params(repo, **{"grid.seeds": [0, 1]})
     ran = {line.split("'")[1].split("@")[0] for line in dry.split("\n") if "Running stage" in line}
     assert ran == {"check_params", "preoptimize", "reference_solve", "train_baseline", "train_impulse",
-                   "aggregate", "curves", "analyze_baseline", "analyze_impulse", "attention_report"}, ran
+                   "aggregate", "curves", "analyze_baseline", "analyze_impulse", "attention_report",
+                   "convmixer_report", "pseudo_input_report", "heads_width_report", "data_size_report"}, ran
 
 
 def test_shrunk_grid_leaves_no_stale_rows(tiny_repo):

@@ -157,11 +157,40 @@ class Recipe(_Section):
     train: Train
 
 
+def _pair_text(text: str) -> str:
+    """One planned pair, "<arm> vs <arm>": the form (cells.parse_contrast), two different arms."""
+    a, b = cells.parse_contrast(text)                # its ValueError says the form
+    if a == b:
+        raise ValueError(f"contrast {text!r} compares an arm with itself")
+    return text
+
+
+class EquivalenceTest(_Section):         # TOST: is the pair's paired difference within +-margin?
+    pair: Annotated[str, AfterValidator(_pair_text)]
+    margin: PosFloat                     # in the study's unit (accuracy points), stated before the run
+
+
+class StudyContrasts(_Section):          # a study's planned, paired tests (reporting/stats.py)
+    alpha: Annotated[float, Field(gt=0, lt=1)] = 0.05
+    planned: Annotated[list[Annotated[str, AfterValidator(_pair_text)]], Field(min_length=1)]  # Holm per family
+    equivalence: list[EquivalenceTest] = []
+
+    @field_validator("planned")
+    @classmethod
+    def _once(cls, planned):
+        seen = [frozenset(cells.parse_contrast(t)) for t in planned]
+        twice = [t for t, pair in zip(planned, seen) if seen.count(pair) > 1]
+        if twice:
+            raise ValueError(f"{twice}: the same pair planned twice; each pair once")
+        return planned
+
+
 class ConvmixerStudy(_Section):
     datasets: list[Dataset]              # [] = the study is off (its report says how to bring it back)
     sizes: Annotated[list[str], Field(min_length=1)]
     modes: Annotated[list[Literal[FILTER_MODES]], Field(min_length=1)]
     seeds: Seeds
+    contrasts: StudyContrasts            # arms: filter modes
     _unique = field_validator("datasets", "sizes", "modes", "seeds")(_unique)
 
 
@@ -170,6 +199,7 @@ class PseudoInputStudy(_Section):
     kernel: PosInt
     variants: Annotated[list[str], Field(min_length=1)]
     seeds: Seeds
+    contrasts: StudyContrasts            # arms: pseudo-input variants (the main grid's: "PP" by default)
     _unique = field_validator("datasets", "variants", "seeds")(_unique)
 
     @field_validator("variants")
@@ -210,6 +240,7 @@ class HeadsWidthStudy(_Section):
     shapes: Annotated[list[str], Field(min_length=1)]
     inits: Annotated[list[str], Field(min_length=1)]
     seeds: Seeds
+    contrasts: StudyContrasts            # arms: initializers, compared within each shape
     _unique = field_validator("datasets", "shapes", "inits", "seeds")(_unique)
     _inits = field_validator("inits")(_initializers)
 
@@ -220,6 +251,7 @@ class DataSizeStudy(_Section):
     fractions: Annotated[list[Annotated[float, Field(gt=0, lt=1)]], Field(min_length=1)]
     inits: Annotated[list[str], Field(min_length=1)]
     seeds: Seeds
+    contrasts: StudyContrasts            # arms: initializers, compared within each size (and their gaps' changes)
     _unique = field_validator("datasets", "fractions", "inits", "seeds")(_unique)
     _inits = field_validator("inits")(_initializers)
 
@@ -368,7 +400,43 @@ def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
     out += _subset("studies.data_size.datasets", s.data_size.datasets, "grid.datasets", g.datasets, why)
     out += _subset("studies.data_size.inits", s.data_size.inits, "the main grid's initializers", main_inits, why)
     out += _data_size_problems(p)
+    out += _study_contrast_problems(p, kernel_free)
     return out
+
+
+def _study_contrast_problems(p: Params, kernel_free: list[str]) -> list:
+    """Each study's planned pairs name arms of that study's kind: filter modes, pseudo-input
+    variants or initializers. An arm the study's lists leave out is not an error: the report
+    says the pair was planned but not run (as the main table's contrasts)."""
+    def initializer(arm):
+        return impulse_kernel(arm) is not None or arm in kernel_free
+    kinds = {"convmixer": (lambda arm: arm in FILTER_MODES, f"a filter mode; allowed: {list(FILTER_MODES)}"),
+             "pseudo_input": (_is_variant, f"a pseudo-input variant; allowed: two of {list(PSEUDO_INPUTS)} (first "
+                              "block, later blocks) and an optional 'L' (per-layer solve), e.g. 'PP', 'UU', 'PPL'"),
+             "heads_width": (initializer, f"an initializer; allowed: {kernel_free} or {cells.IMPULSE}<k> "
+                             f"(e.g. {impulse_init(3)})"),
+             "data_size": (initializer, f"an initializer; allowed: {kernel_free} or {cells.IMPULSE}<k> "
+                           f"(e.g. {impulse_init(3)})")}
+    out = []
+    for study in cells.STUDIES:
+        c = getattr(p.studies, study).contrasts
+        valid, allowed = kinds[study]
+        where = f"studies.{study}.contrasts"
+        texts = [(f"{where}.planned[{i}]", t) for i, t in enumerate(c.planned)]
+        texts += [(f"{where}.equivalence[{i}].pair", e.pair) for i, e in enumerate(c.equivalence)]
+        for path, text in texts:
+            for arm in cells.parse_contrast(text):
+                if not valid(arm):
+                    out.append((path, text, f"{arm!r} is not {allowed}"))
+    return out
+
+
+def _is_variant(name: str) -> bool:
+    try:
+        parse_pseudo_variant(name)
+    except ValueError:
+        return False
+    return True
 
 
 def _data_size_problems(p: Params) -> list:

@@ -80,11 +80,40 @@ FIGURES = [
     ("figures/attention/cka_between_inits_{ds}.png", "CKA between the blocks of trained models with "
      "different initializers: low = different representations"),
 ]
+# The studies' reports (params.yaml studies.<study>; structinit/reporting/study_reports.py)
+STUDY_REPORTS = {"convmixer": ("convmixer_filters.md", "ConvMixer: learned vs frozen spatial filters"),
+                 "pseudo_input": ("pseudo_input.md", "the structured init's pseudo-input"),
+                 "heads_width": ("heads_width.md", "heads and width"),
+                 "data_size": ("data_size.md", "accuracy against training-set size (beyond the paper)")}
 DATA_SIZE_FIGURE = ("figures/data_size/{ds}.png", "test accuracy against training-set size per "
                     "initializer, 95 % intervals, same optimizer steps at every size")
 
 
-def build_index(reports: Path, datasets: list[str], data_size_datasets: list[str]) -> str:
+def studies_section(studies: dict[str, list[str]]) -> str:
+    """What this configuration ran of the studies (studies: study -> its datasets; [] = off)."""
+    on = [s for s in STUDY_REPORTS if studies.get(s)]
+    lead = ("Every study runs in this configuration, as in the embedded default" if len(on) == len(STUDY_REPORTS)
+            else f"{len(on)} of the {len(STUDY_REPORTS)} studies run in this configuration (the embedded "
+                 "default runs every one)")
+    lines = ["## The studies", "",
+             lead + ": each at the main grid's epoch budget (the data-size study holds its optimizer steps; "
+             "each report's \"What ran\" says whether that budget is converged), on seeds of the main grid, "
+             "whose cells a study reuses where it can. Each report "
+             "tests the contrasts params.yaml plans for it (`studies.<study>.contrasts`, Holm within each "
+             "family), states the smallest difference its design detects (80 % power), and the ConvMixer "
+             "report tests the paper's \"frozen impulse ≈ learned\" for equivalence (TOST, margin in "
+             "params.yaml). The paper's numbers for these studies are secondary quotes, not checked against "
+             "the paper, and labelled so.", ""]
+    for study, (name, what) in STUDY_REPORTS.items():
+        where = (f"ran on {', '.join(studies[study])}" if studies.get(study) else
+                 f"off in this configuration (`studies.{study}.datasets: []`; the report says how to bring it back)")
+        lines.append(f"- `{name}`: {what}: {where}")
+    return "\n".join(lines) + "\n"
+
+
+def build_index(reports: Path, datasets: list[str], studies: dict[str, list[str]]) -> str:
+    """studies: study -> the datasets it ran on (params.yaml studies.<study>.datasets)."""
+    data_size_datasets = studies.get("data_size") or []
     missing = []
 
     def link(path: str, image: bool = False) -> str:
@@ -110,7 +139,7 @@ def build_index(reports: Path, datasets: list[str], data_size_datasets: list[str
              "as a bar, the paper's number as a cross; beside it, accuracy against the epoch budget "
              "(`benchmarks/epochs.py`): what a shorter run would have shown. The tests: "
              f"{link('main_table.md')}, *Conclusions*.", "", main, "",
-             QUESTIONS.format(**blocks), "## Tables", ""]
+             QUESTIONS.format(**blocks), studies_section(studies), "## Tables", ""]
     lines += [f"- {link(name)}: {what}" for name, what in TABLES]
     lines += ["", "## Figures", ""]
     for ds in datasets:

@@ -8,13 +8,17 @@
                                            the primary alone at alpha, Holm over the secondary,
                                            every other pair described without a verdict
     contrasts_block(contrasts)             the generated "Conclusions" section of a report
+    min_detectable_difference(sd, n, alpha)
+                                           the smallest true mean paired difference the paired
+                                           t test detects with 80 % power (exact noncentral t)
+    tost_paired(a, b, margin)              equivalence within +-margin: two one-sided paired t tests
 
 Why paired: at one seed every arm starts from the same weights except the ones its
 initializer sets, and sees the same batches in the same order (tests/test_pairing.py), so the
 seed-to-seed spread they share cancels in a difference taken seed by seed. Why planned: a
 report tests the contrasts fixed before the run (the main table: params.yaml `contrasts`;
-each study: its plan in structinit/reporting/study_reports.py, e.g. each arm vs Trunc
-Normal); Holm corrects only over those, so the paper's claim is not diluted by pairs nobody
+each study: params.yaml `studies.<study>.contrasts`, Holm within each of its families); Holm
+corrects only over those, so the paper's claim is not diluted by pairs nobody
 asked about. Other pairs are shown as estimates with intervals, never as verdicts.
 """
 from __future__ import annotations
@@ -186,6 +190,190 @@ def planned_contrasts(groups: dict[str, dict], *, family: str = "", primary: tup
     return out
 
 
+# --- what a design can detect, and equivalence ------------------------------------------------
+
+POWER = 0.8
+POWER_METHOD = ("the smallest true mean paired difference the two-sided paired t test detects with "
+                f"{100 * POWER:.0f} % power at n − 1 degrees of freedom, from the exact noncentral t distribution "
+                "(noncentrality = difference · √n / SD of the paired differences), solved by root finding")
+
+
+def paired_t_power(diff: float, sd: float, n: int, alpha: float = ALPHA,
+                   alternative: str = "two-sided") -> float:
+    """Exact power of the paired t test (n pairs, differences with standard deviation `sd`) to
+    reject "mean difference 0" at level `alpha` when the true mean difference is `diff`: the
+    statistic is noncentral t with n - 1 degrees of freedom and noncentrality diff * sqrt(n) / sd."""
+    if alternative not in ALTERNATIVES:
+        raise ValueError(f"alternative={alternative!r}; choose one of {ALTERNATIVES}")
+    if n < 2 or not sd > 0:
+        raise ValueError(f"power needs n >= 2 pairs and sd > 0 (n={n}, sd={sd})")
+    df, nc = n - 1, diff * math.sqrt(n) / sd
+    if alternative == "greater":
+        return nct_tail(sps.t.ppf(1 - alpha, df), df, nc, upper=True)
+    crit = sps.t.ppf(1 - alpha / 2, df)
+    return nct_tail(crit, df, nc, upper=True) + nct_tail(-crit, df, nc, upper=False)
+
+
+def nct_tail(x: float, df: int, nc: float, upper: bool) -> float:
+    """P(T > x) (upper) or P(T < x) of the noncentral t (df, nc): scipy.stats.nct, or, where
+    its series returns nan (far tails at large nc), the same probability by integrating over
+    the chi-square part: T = (Z + nc) / sqrt(V / df), so P(T > x) = E_V[Phi(nc - x sqrt(V / df))]."""
+    p = float(sps.nct.sf(x, df, nc) if upper else sps.nct.cdf(x, df, nc))
+    return p if math.isfinite(p) else _nct_tail_integral(x, df, nc, upper)
+
+
+def _nct_tail_integral(x: float, df: int, nc: float, upper: bool) -> float:
+    from scipy.integrate import quad
+
+    def inner(v):
+        w = math.sqrt(v / df)
+        return (sps.norm.cdf(nc - x * w) if upper else sps.norm.cdf(x * w - nc)) * sps.chi2.pdf(v, df)
+    return float(quad(inner, 0, math.inf, epsabs=1e-14, epsrel=1e-10, limit=200)[0])
+
+
+def min_detectable_difference(sd: float, n: int, alpha: float = ALPHA, power: float = POWER,
+                              alternative: str = "two-sided") -> float:
+    """The smallest true mean paired difference (> 0, in sd's unit) that the paired t test at
+    level `alpha` detects with probability `power`: the root of paired_t_power(d) = power
+    (exact noncentral t; for large n it approaches (z_{1-alpha/2} + z_power) * sd / sqrt(n)).
+    nan where no test is possible (n < 2, or no spread: sd 0 or nan)."""
+    if n < 2 or not sd > 0:
+        return math.nan
+    if not 0 < alpha < power < 1:
+        raise ValueError(f"need 0 < alpha < power < 1 (alpha={alpha}, power={power})")
+    z_alpha = sps.norm.ppf(1 - (alpha / 2 if alternative == "two-sided" else alpha))
+    guess = (z_alpha + sps.norm.ppf(power)) * sd / math.sqrt(n)   # the normal approximation: a lower bound
+    high = guess
+    while paired_t_power(high, sd, n, alpha, alternative) < power:
+        high *= 2
+    from scipy.optimize import brentq
+    return float(brentq(lambda d: paired_t_power(d, sd, n, alpha, alternative) - power, 0.0, high,
+                        xtol=1e-10 * sd, rtol=1e-12))
+
+
+@dataclass(frozen=True)
+class Detectable:
+    """What one planned contrast's design detects: its n and the alpha it is tested at, and the
+    smallest difference (80 % power) from two estimates of the SD of its paired differences."""
+    family: str
+    a: str
+    b: str
+    n: int            # pairs the contrast has
+    alpha: float      # the level it is tested at (Holm: its family's first step, alpha / m)
+    sd: float         # SD of this contrast's own paired differences (nan: n < 2)
+    detectable: float  # from sd
+    sd_reference: float  # SD of the reference's paired differences (e.g. the main grid's)
+    n_reference: int  # pairs the reference SD is computed from
+    reference: str    # what the reference is, e.g. "digits: impulse3 vs trunc_normal, main grid"
+    detectable_reference: float  # from sd_reference, at this contrast's n and alpha
+
+
+def detectable_differences(families: dict[str, dict], planned: list[tuple[str, str]], alpha: float = ALPHA,
+                           reference=None) -> list[Detectable]:
+    """families: family -> {arm: {seed: value}} (one Holm family each); planned: the pairs
+    tested in every family (those whose arms a family lacks are skipped). For each planned pair
+    of each family: its n, the level alpha / m it is tested at by Holm's first (strictest) step
+    (m = the family's planned pairs that ran), the SD of its paired differences, and the
+    smallest difference detectable with 80 % power from that SD and from a reference SD:
+    reference(family, a, b) -> (sd, n, what it is), e.g. the main grid's for the same pair."""
+    out = []
+    for family, groups in families.items():
+        pairs = [tuple(p) for p in planned if p[0] in groups and p[1] in groups]
+        for a, b in pairs:
+            level = alpha / len(pairs)
+            d = paired_difference(groups[a], groups[b])
+            sd = d.std if d.n > 1 else math.nan
+            sd_ref, n_ref, what = reference(family, a, b) if reference else (math.nan, 0, "")
+            out.append(Detectable(family, a, b, d.n, level, sd, min_detectable_difference(sd, d.n, level),
+                                  sd_ref, n_ref, what, min_detectable_difference(sd_ref, d.n, level)))
+    return out
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    """Two one-sided paired t tests (TOST): is the mean difference a - b within +-margin?"""
+    family: str
+    a: str
+    b: str
+    margin: float     # the equivalence margin, stated before the run (params.yaml)
+    mean_a: float
+    mean_b: float
+    diff: float       # mean paired difference a - b
+    ci_low: float     # the 1 - 2 alpha t-interval of the mean difference (90 % at alpha 0.05):
+    ci_high: float    # equivalence <=> it lies inside (-margin, +margin)
+    n: int
+    p_lower: float    # H0: diff <= -margin (one-sided: larger t rejects)
+    p_upper: float    # H0: diff >= +margin
+    p: float          # max of the two (nan: not testable)
+    p_adjusted: float  # = p (TOST is one test at alpha; named so for conclusions_record)
+    alpha: float
+    verdict: str      # "equivalent" (p < alpha) or "not shown"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def tost_paired(a: dict, b: dict, margin: float, alpha: float = ALPHA, family: str = "",
+                names: tuple[str, str] = ("a", "b")) -> Equivalence:
+    """a, b: seed -> value, paired by seed. Equivalence of a and b within +-margin by two
+    one-sided paired t tests at level alpha each (Schuirmann's TOST): H0 diff <= -margin is
+    rejected when t = (mean + margin) / se is large, H0 diff >= +margin when (mean - margin) / se
+    is small; equivalent when both are, i.e. max(p) < alpha, i.e. the 1 - 2 alpha interval lies
+    inside (-margin, +margin)."""
+    if not margin > 0:
+        raise ValueError(f"margin={margin}: an equivalence margin must be > 0")
+    seeds = [s for s in a if s in b]
+    if not seeds:
+        raise ValueError(f"no seed in common: {sorted(a)} vs {sorted(b)}")
+    d = np.array([a[s] - b[s] for s in seeds], dtype=float)
+    n, diff = len(d), float(d.mean())
+    ma, mb = float(np.mean([a[s] for s in seeds])), float(np.mean([b[s] for s in seeds]))
+    sd = float(d.std(ddof=1)) if n > 1 else 0.0
+    if n < 2 or sd == 0:
+        return Equivalence(family, *names, margin, ma, mb, diff, math.nan, math.nan, n, math.nan, math.nan,
+                           math.nan, math.nan, alpha, "not shown")
+    se, df = sd / math.sqrt(n), n - 1
+    p_lower = float(sps.t.sf((diff + margin) / se, df))
+    p_upper = float(sps.t.cdf((diff - margin) / se, df))
+    half = float(sps.t.ppf(1 - alpha, df)) * se
+    p = max(p_lower, p_upper)
+    return Equivalence(family, *names, margin, ma, mb, diff, diff - half, diff + half, n, p_lower, p_upper,
+                       p, p, alpha, "equivalent" if p < alpha else "not shown")
+
+
+def equivalence_line(e: Equivalence, label=str, unit: str = "points") -> str:
+    """"- family: A − B: +d points, 90 % CI [l, h], n = 3 paired: **equivalent within ±1** (TOST p = ...)"."""
+    level = f"{100 * (1 - 2 * e.alpha):.0f} %"
+    head = f"- {e.family}: {label(e.a)} − {label(e.b)}: {e.diff:+.2f} {unit}"
+    if math.isnan(e.p):
+        return (head + f", n = {e.n} paired: not testable (a paired test needs two seeds and some spread "
+                "in the differences)")
+    head += f", {level} CI [{e.ci_low:+.2f}, {e.ci_high:+.2f}], n = {e.n} paired"
+    tests = (f"TOST p = {e.p:.2g}: H0 difference ≤ −{e.margin:g} p = {e.p_lower:.2g}, "
+             f"H0 difference ≥ +{e.margin:g} p = {e.p_upper:.2g}, each one-sided at α = {e.alpha:g}")
+    if e.verdict == "equivalent":
+        claim = f"{label(e.a)} ≈ {label(e.b)}, equivalent within ±{e.margin:g} {unit}"
+        return f"{head}: {_emphasis(claim, e.p, e.alpha)} ({tests}){_fragile_note(e.p, e.alpha)}"
+    return (f"{head}: equivalence within ±{e.margin:g} {unit} not shown ({tests}; the {level} interval "
+            f"reaches past ±{e.margin:g}){_fragile_note(e.p, e.alpha)}")
+
+
+def equivalence_block(tests: list[Equivalence], label=str, unit: str = "points", claim: str = "") -> str:
+    """The report's equivalence section; records each test (recording_conclusions)."""
+    if not tests:
+        return ""
+    for e in tests:
+        _record([e], e.alpha)
+    margins = sorted({e.margin for e in tests})
+    return ("## Equivalence" + (f": {claim}" if claim else "") + "\n\n"
+            "Generated. Test: two one-sided paired t tests (TOST) against the equivalence margin "
+            f"±{', ±'.join(f'{m:g}' for m in margins)} {unit} stated in params.yaml before the run, each "
+            "one-sided test at α; \"equivalent\" only when both reject (TOST p = the larger p < α), i.e. "
+            "the 1 − 2α interval of the mean paired difference lies inside the margin. A difference "
+            "that is not distinguishable from 0 is not thereby equivalent: that takes this test.\n\n"
+            + "\n".join(equivalence_line(e, label, unit) for e in tests) + "\n")
+
+
 # --- the generated text ------------------------------------------------------------------------
 
 def _interval(c) -> str:
@@ -223,9 +411,10 @@ def contrasts_block(contrasts: list[Contrast], label=str, alpha: float = ALPHA, 
     """The report's conclusions: the primary contrast, the secondary ones, then the other pairs
     as estimates. Records the tested ones (recording_conclusions)."""
     sections = []
+    has_primary = any(c.role == "primary" for c in contrasts)
     for role, head in (("primary", f"**Primary contrast** (tested alone at α = {alpha:g}):"),
-                       ("secondary", "**Secondary contrasts** (planned; Holm-corrected together within "
-                                     "each family):"),
+                       ("secondary", ("**Secondary contrasts** (planned; " if has_primary else
+                                      "**Planned contrasts** (") + "Holm-corrected together within each family):"),
                        ("descriptive", "Other pairs, described (mean paired difference and its 95 % "
                                        "interval; not tested, no verdict):")):
         lines = [contrast_line(c, label, alpha, unit) for c in contrasts if c.role == role]
@@ -276,6 +465,8 @@ def conclusion_id(c) -> str:
     """A stable name for one tested statement, the same in every run of the same grid."""
     if isinstance(c, GapChange):
         return f"{c.family}: gap {c.a} - {c.b}, {c.other} vs {c.base}"
+    if isinstance(c, Equivalence):
+        return f"{c.family}: {c.a} vs {c.b}, equivalence within +-{c.margin:g}"
     return f"{c.family}: {c.a} vs {c.b}"
 
 
@@ -311,29 +502,36 @@ class GapChange:
         return asdict(self)
 
 
-def compare_gap_changes(groups: dict[tuple[str, str], dict], reference: str, base: str,
-                        family: str = "", alpha: float = ALPHA) -> list[GapChange]:
-    """groups[(variant, condition)] -> {seed: value}. For every variant but `reference` and
-    every condition but `base`: does variant - reference differ between that condition and
-    `base`? Per seed, (a - b at other) - (a - b at base): one paired t-test on those, the same
-    seed's four runs sharing their initial weights' spread; Holm over all of them (one family)."""
-    variants = [v for v in dict.fromkeys(v for v, _ in groups) if v != reference]
+def compare_gap_changes(groups: dict[tuple[str, str], dict], reference: str | None = None, base: str = "",
+                        family: str = "", alpha: float = ALPHA, pairs: list[tuple[str, str]] | None = None
+                        ) -> list[GapChange]:
+    """groups[(variant, condition)] -> {seed: value}. For every planned pair (a, b) (`pairs`;
+    default: every variant but `reference` against it) and every condition but `base`: does
+    a - b differ between that condition and `base`? Per seed, (a - b at other) - (a - b at
+    base): one paired t-test on those, the same seed's four runs sharing their initial weights'
+    spread; Holm over all of them (one family). A pair naming a variant not in `groups` is skipped."""
+    variants = list(dict.fromkeys(v for v, _ in groups))
+    if pairs is None:
+        if reference is None:
+            raise ValueError("compare_gap_changes needs the planned pairs or a reference")
+        pairs = [(v, reference) for v in variants if v != reference]
+    pairs = [tuple(p) for p in pairs if p[0] in variants and p[1] in variants]
     conditions = [c for c in dict.fromkeys(c for _, c in groups) if c != base]
-    pairs = [(v, c) for v in variants for c in conditions]
+    tests = [(a, b, c) for a, b in pairs for c in conditions]
 
-    def gaps(v, cond):
-        a, b = groups[v, cond], groups[reference, cond]
-        return {s: a[s] - b[s] for s in a if s in b}
-    diffs = [paired_difference(gaps(v, c), gaps(v, base)) for v, c in pairs]
+    def gaps(a, b, cond):
+        x, y = groups[a, cond], groups[b, cond]
+        return {s: x[s] - y[s] for s in x if s in y}
+    diffs = [paired_difference(gaps(a, b, c), gaps(a, b, base)) for a, b, c in tests]
     testable = [i for i, d in enumerate(diffs) if not math.isnan(d.p)]
     adjusted = dict(zip(testable, holm([diffs[i].p for i in testable])))
     out = []
-    for i, (v, c) in enumerate(pairs):
-        gap = {k: float(np.mean(list(gaps(v, k).values()))) for k in (base, c)}
+    for i, (a, b, c) in enumerate(tests):
+        gap = {k: float(np.mean(list(gaps(a, b, k).values()))) for k in (base, c)}
         p_adj = adjusted.get(i, math.nan)
         d = diffs[i]
         verdict = _verdict(d.diff, p_adj, alpha)
-        out.append(GapChange(family, v, reference, base, c, gap[base], gap[c], d.ci_low, d.ci_high,
+        out.append(GapChange(family, a, b, base, c, gap[base], gap[c], d.ci_low, d.ci_high,
                              d.n, d.p, p_adj, verdict))
     return out
 

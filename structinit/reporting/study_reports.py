@@ -2,12 +2,18 @@
 
 Like the main table, the expected runs come from params.yaml (cells.study_runs) and a missing
 one fails, naming it. Runs the main grid already trained (the structured init with the main
-init settings, the recipe's own model shape) are read from the main grid's results. The
-stage (stages/study_report.py) picks the function from STUDY_REPORTS and writes what it returns.
+init settings, the recipe's own model shape) are read from the main grid's results. Every
+test a report states comes from params.yaml's studies.<study>.contrasts (study_plan): the
+planned pairs, Holm within each family, the equivalence tests (TOST), and for each planned pair
+the smallest difference the design detects, from the study's own SD of paired differences and
+from the main grid's (main_grid_reference). The stage (stages/study_report.py) picks the
+function from STUDY_REPORTS and writes what it returns.
 """
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -15,7 +21,8 @@ import yaml
 
 from structinit.config import FILTER_MODES
 from structinit.data.specs import get_spec
-from structinit.pipeline.cells import STUDIES, Run, impulse_init, main_variant, parse_pseudo_variant, study_runs
+from structinit.pipeline.cells import (STUDIES, Run, impulse_init, main_cell, main_datasets, main_inits, main_variant,
+                                      parse_contrast, parse_pseudo_variant, study_runs)
 from structinit.reporting import paper, stats
 from structinit.reporting import tables as report
 from structinit.reporting.budget import budget_sentences
@@ -51,9 +58,92 @@ def _what_ran(params, study, extra, runs, budgets=None):
             "accuracy (%), mean ± std over seeds, n = seeds; " + stats.INTERVAL + ".")
 
 
-def versus(reference: str):
-    """A study's plan: every other value against `reference` (when the study has it)."""
-    return lambda values: [(v, reference) for v in values if v != reference] if reference in values else []
+@dataclass(frozen=True)
+class StudyPlan:
+    """params.yaml's studies.<study>.contrasts: the planned pairs (Holm within each family), the
+    equivalence tests (pair, margin) and alpha."""
+    study: str
+    planned: list[tuple[str, str]]
+    equivalence: list[tuple[str, str, float]]
+    alpha: float
+
+    def not_run(self, arms, label=str) -> str:
+        """A line naming the planned tests whose arms this study did not run."""
+        pairs = self.planned + [(a, b) for a, b, _ in self.equivalence]
+        missing = list(dict.fromkeys(f"{label(a)} vs {label(b)}" for a, b in pairs if a not in arms or b not in arms))
+        return (f"\nPlanned but not run (an arm is not in this study's runs): {'; '.join(missing)}.\n"
+                if missing else "")
+
+    def sentence(self, label=str, per: str = "") -> str:
+        """What was planned, for the report."""
+        where = f"`studies.{self.study}.contrasts`"
+        return (f"Planned in params.yaml ({where}) before the run, two-sided paired t tests Holm-corrected "
+                f"within each family{per} at α = {self.alpha:g}: "
+                + "; ".join(f"{label(a)} vs {label(b)}" for a, b in self.planned) + "."
+                + "".join(f" Equivalence: {label(a)} vs {label(b)} within ±{m:g} points (TOST)."
+                          for a, b, m in self.equivalence) + "\n")
+
+
+def study_plan(params: dict, study: str) -> StudyPlan:
+    c = params["studies"][study]["contrasts"]
+    return StudyPlan(study, [parse_contrast(t) for t in c["planned"]],
+                     [(*parse_contrast(e["pair"]), float(e["margin"])) for e in c.get("equivalence") or []],
+                     float(c.get("alpha", stats.ALPHA)))
+
+
+def main_grid_reference(params: dict, main: Path):
+    """reference(dataset, a, b) -> (sd, n, what): the main grid's SD of paired differences on
+    `dataset`, over every seed of grid.seeds (results/train), of the same pair where the main
+    grid trains both arms (initializers), else of the main table's primary contrast (the
+    pseudo-input variants, the ConvMixer modes). nan where the main grid has no such dataset.
+    A missing main-grid run fails, naming it, as every report does."""
+    inits, seeds = main_inits(params), params["grid"]["seeds"]
+    primary = parse_contrast(params["contrasts"]["primary"], impulse_init(params["init"]["kernel"]))
+    cache: dict = {}
+
+    def accuracies(dataset, init):
+        if (dataset, init) not in cache:
+            runs = [Run(Path(main) / main_cell(dataset, init), s, {}) for s in seeds]
+            missing = [str(r.dir) for r in runs if not (r.dir / "metrics.json").exists()]
+            if missing:
+                raise SystemExit(f"missing main-grid results for {len(missing)} run(s) (the reference SD of "
+                                 f"paired differences): {missing}")
+            cache[dataset, init] = {r.seed: read_cell(r.folder, r.seed)[0]["acc"] for r in runs}
+        return cache[dataset, init]
+
+    def reference(dataset, a, b):
+        if dataset not in main_datasets(params):
+            return math.nan, 0, f"none: {dataset} is not in the main grid"
+        same = a in inits and b in inits
+        x, y = (a, b) if same else primary
+        d = stats.paired_difference(accuracies(dataset, x), accuracies(dataset, y))
+        return (d.std if d.n > 1 else math.nan, d.n,
+                f"{init_label(x)} − {init_label(y)}" + ("" if same else " (primary)"))
+    return reference
+
+
+def _planned_sections(params, study: str, runs, group_key: str, main: Path, within: str | None = None,
+                      label=str, per: str = "", claim: str = "", extra: str = "") -> str:
+    """A study's tests, all from its plan (study_plan): the conclusions (planned pairs, Holm
+    within each family; other pairs described), what was planned and what did not run, the
+    equivalence tests, `extra` (a study's own section), and the smallest difference each
+    planned contrast's design detects."""
+    plan = study_plan(params, study)
+    families = report.study_groups(runs, group_key, within)
+    contrasts = [c for family, (_, groups) in families.items()
+                 for c in stats.planned_contrasts(groups, family=family, secondary=plan.planned, alpha=plan.alpha)]
+    equivalences = [stats.tost_paired(groups[a], groups[b], margin, plan.alpha, family, (a, b))
+                    for family, (_, groups) in families.items()
+                    for a, b, margin in plan.equivalence if a in groups and b in groups]
+    dataset_of = {family: dataset for family, (dataset, _) in families.items()}
+    reference = main_grid_reference(params, main)
+    detectable = stats.detectable_differences({f: g for f, (_, g) in families.items()}, plan.planned, plan.alpha,
+                                              lambda family, a, b: reference(dataset_of[family], a, b))
+    arms = set(runs[group_key])
+    return (stats.contrasts_block(contrasts, label, alpha=plan.alpha)
+            + "\n" + plan.sentence(label, per) + plan.not_run(arms, label)
+            + ("\n" + stats.equivalence_block(equivalences, label, claim=claim) if equivalences else "")
+            + extra + "\n" + report.detectable_block(detectable, label))
 
 
 def _collect(runs: list[Run], logged=()):
@@ -80,17 +170,19 @@ def convmixer(params, main: Path, studies: Path, out: Path, figures: Path | None
     return ("# ConvMixer: learned vs frozen spatial filters\n\n"
             "Why impulse filters: depthwise k×k filters learned, or frozen random U(±1/k), frozen "
             "impulse (one-hot) or frozen box (all taps equal); channel mixing always learned. "
-            "paper = CIFAR-10 numbers quoted from the paper.\n\n"
+            f"paper = CIFAR-10 numbers quoted by summaries of the submission ({paper.SECONDARY}).\n\n"
             + _what_ran(params, "convmixer", f"ConvMixer sizes: {sizes}", runs, budgets) + "\n\n"
             + report.study_table(runs, "size", "mode", rows=s["sizes"], cols=s["modes"],
-                                 quoted=paper.CONVMIXER, paper_dataset="cifar10") + "\n\n"
-            + stats.contrasts_block(report.study_contrasts(runs, "mode", versus("learned"), within="size"))
-            + "\nPlanned: each frozen mode against learned filters, per size (the premise: a frozen "
-            "impulse trains about as well as learned filters).\n\n"
-            + report.paper_block("ConvMixer on CIFAR-10 (top-1 %, quoted from the paper)",
-                                 paper.CONVMIXER, {m: m for m in FILTER_MODES},
-                                 "Single runs. Also quoted: a ViT with width 256 and 8 heads, "
-                                 "impulse-initialized 90.67 vs Trunc Normal 87.27.", row_label=str))
+                                 quoted=paper.CONVMIXER, paper_dataset="cifar10", quoted_note=paper.SECONDARY)
+            + "\n\n"
+            + _planned_sections(params, "convmixer", runs, "mode", main, within="size", per=" (dataset, size)",
+                                claim="the paper's \"frozen impulse ≈ learned\"")
+            + "\n" + report.paper_block(
+                f"ConvMixer on CIFAR-10 (top-1 %; {paper.SECONDARY})", paper.CONVMIXER,
+                {m: m for m in FILTER_MODES},
+                f"Single runs, {paper.SECONDARY}: quoted by summaries of the submission; the paper's own "
+                "table could not be read. Random and impulse share one quoted figure (92.20); box filters "
+                "are quoted as failing (rank-deficient), with no number.", row_label=str))
 
 
 def pseudo_input(params, main: Path, studies: Path, out: Path, figures: Path | None = None,
@@ -109,20 +201,21 @@ def pseudo_input(params, main: Path, studies: Path, out: Path, figures: Path | N
     return ("# Pseudo-input ablation for the structured init\n\n"
             "Pseudo-input of the first block → of the later blocks (P: sin-cos encoding, U: uniform, "
             "G: truncated normal, A = P+U, B = P+G), one Q/K solve shared by every block or one per "
-            "block. paper = CIFAR-10, PE everywhere with shared Q/K.\n\n"
+            "block. paper = CIFAR-10, PE everywhere with shared Q/K, quoted by summaries of the "
+            f"submission ({paper.SECONDARY}).\n\n"
             + _what_ran(params, "pseudo_input", f"Kernel {k}", runs, budgets) + "\n\n"
             + (SOFTNESS_CAVEAT if params["solve"]["solver"] == "closed_form" else "")
             + report.study_table(runs, "variant", "kernel", rows=variants, cols=[impulse_init(k)],
-                                 quoted=paper.PSEUDO_INPUT, paper_dataset="cifar10",
+                                 quoted=paper.PSEUDO_INPUT, paper_dataset="cifar10", quoted_note=paper.SECONDARY,
                                  row_label=label, col_label=init_label) + "\n\n"
-            + stats.contrasts_block(report.study_contrasts(runs, "variant", versus(main_row)), label)
-            + "\nPlanned: each variant against the main grid's pseudo-input.\n\n"
-            + report.paper_block(f"pseudo-input ablation on CIFAR-10 (top-1 %, {init_label(paper_init)})",
-                                 paper.PSEUDO_INPUT, {paper_init: init_label(paper_init)},
-                                 "Single runs. P → P with one shared solve is the paper's best "
-                                 "(90.75; 90.39 averaged over its runs); purely random pseudo-inputs "
-                                 "were 3–4 points worse. The other variants' numbers are not quoted.",
-                                 row_label=label))
+            + _planned_sections(params, "pseudo_input", runs, "variant", main, label=label, per=" (dataset)")
+            + "\n" + report.paper_block(
+                f"pseudo-input ablation on CIFAR-10 (top-1 %, {init_label(paper_init)}; {paper.SECONDARY})",
+                paper.PSEUDO_INPUT, {paper_init: init_label(paper_init)},
+                f"Single runs, {paper.SECONDARY} (summaries of the submission): P → P with one shared solve "
+                "is the paper's best (90.75; 90.39 averaged over its runs); purely random pseudo-inputs were "
+                "3–4 points worse. The other variants' numbers are not recoverable.",
+                row_label=label))
 
 
 def heads_width(params, main: Path, studies: Path, out: Path, figures: Path | None = None,
@@ -132,21 +225,29 @@ def heads_width(params, main: Path, studies: Path, out: Path, figures: Path | No
     shapes = ["recipe"] + list(s["shapes"])
     desc = "; ".join(f"{z} = {params['model_shapes'][z]}" for z in s["shapes"])
     recipes = "; ".join(f"{d} recipe = {params['recipes'][d]['model']}" for d in s["datasets"])
+    gains = " / ".join(f"+{g:.2f}" for g in paper.HEADS_WIDTH_GAIN.values())
+    derived = " / ".join(f"{paper.HEADS_WIDTH[z]['trunc_normal']:.2f}" for z in paper.HEADS_WIDTH_GAIN)
     return ("# Heads and width: structured init vs baselines\n\n"
             "Each shape overrides the dataset recipe's model; \"recipe\" rows are the main grid's "
-            "cells. paper = CIFAR-100 numbers quoted from the paper.\n\n"
+            "cells. paper = CIFAR-100: the recipe row the paper's main table, the other shapes quoted by "
+            f"summaries of the submission ({paper.SECONDARY}).\n\n"
             + _what_ran(params, "heads_width", f"{recipes}; {desc}", runs, budgets) + "\n\n"
             + report.study_table(runs, "shape", "init", rows=shapes, cols=list(s["inits"]),
                                  quoted=paper.HEADS_WIDTH, paper_dataset="cifar100",
+                                 quoted_note=f"ViT-S rows {paper.SECONDARY}", derived=paper.HEADS_WIDTH_DERIVED,
                                  col_label=init_label) + "\n\n"
-            + stats.contrasts_block(report.study_contrasts(runs, "init", versus("trunc_normal"), within="shape"),
-                                    init_label)
-            + "\nPlanned: each initializer against Trunc Normal, per shape.\n\n" + report.paper_block(
-                "heads and width on CIFAR-100 (top-1 %, quoted from the paper)",
+            + _planned_sections(params, "heads_width", runs, "init", main, within="shape",
+                                label=init_label, per=" (dataset, shape)")
+            + "\n" + report.paper_block(
+                "heads and width on CIFAR-100 (top-1 %)",
                 {"recipe (ViT-T/h3)": {i: paper.MAIN[i]["cifar100"] for i in paper.HEADS_WIDTH_INITS},
-                 **paper.HEADS_WIDTH},
+                 **{f"{z} ({paper.SECONDARY})": row for z, row in paper.HEADS_WIDTH.items()}},
                 {i: init_label(i) for i in paper.HEADS_WIDTH_INITS},
-                "Single runs; the recipe row is the main table's CIFAR-100 column.", row_label=str))
+                "Single runs. The recipe row is the main table's CIFAR-100 column (the authors' own Table 2). "
+                f"The ViT-S rows are {paper.SECONDARY}: quoted by summaries of the submission, ViT-S's width "
+                f"and depth not stated; their Trunc Normal numbers ({derived}) are derived, not quoted: "
+                f"Imp.-3's number minus its quoted gain over Trunc Normal ({gains}).", row_label=str,
+                derived={(f"{z} ({paper.SECONDARY})", i) for z, i in paper.HEADS_WIDTH_DERIVED}))
 
 
 def data_size(params, main: Path, studies: Path, out: Path, figures: Path | None = None,
@@ -177,10 +278,8 @@ def data_size(params, main: Path, studies: Path, out: Path, figures: Path | None
             + report.study_table(runs, "init", "size", rows=list(s["inits"]), cols=sizes,
                                  row_label=init_label, col_label=images) + "\n\n"
             + figures_md
-            + stats.contrasts_block(report.study_contrasts(runs, "init", versus("trunc_normal"), within="size"),
-                                    init_label)
-            + "\nPlanned: each initializer against Trunc Normal, per size.\n"
-            + _gap_block(runs, s, images)
+            + _planned_sections(params, "data_size", runs, "init", main, within="size", label=init_label,
+                                per=" (dataset, size)", extra=_gap_block(runs, study_plan(params, "data_size"), images))
             + "\n" + report.paper_main_block(s["inits"], note=(
                 "The paper has no data-size study. Its datasets differ in size and, for ImageNet-1K, "
                 "in recipe, so its columns are its only evidence on size, and a confounded one: "
@@ -201,25 +300,26 @@ def _data_size_runs(params, main, studies):
     return runs
 
 
-def _gap_block(runs, s, condition) -> str:
-    """Does each initializer's difference to Trunc Normal change from the main grid's set to the
-    smaller ones? Empty without Trunc Normal in the study."""
-    if "trunc_normal" not in s["inits"] or len(s["inits"]) < 2:
-        return ""
+def _gap_block(runs, plan: StudyPlan, condition) -> str:
+    """Does each planned difference change from the main grid's set to the smaller ones? Empty
+    when no planned pair ran."""
     changes = []
     for d, rows in runs.groupby("dataset", sort=False):
         groups = {key: dict(zip(g.seed.tolist(), g.acc.tolist()))
                   for key, g in rows.groupby(["init", "size"], sort=False)}
         full = rows[rows.fraction == 1.0]["size"].iloc[0]
         smaller = [z for z in reversed(list(dict.fromkeys(rows["size"]))) if z != full]  # largest first
-        changes += stats.compare_gap_changes({(i, z): groups[i, z] for i in s["inits"] for z in [full] + smaller},
-                                             reference="trunc_normal", base=full, family=d)
-    return ("\n## Does the gap to Trunc Normal change as the data shrinks?\n\n"
-            "Generated: each initializer's difference to Trunc Normal at each smaller size against "
-            "the same difference on the main grid's set, paired by seed: per seed, (gap at the size) − "
-            "(gap on the full set), a paired t-test on those, Holm-corrected over the dataset's tests; a "
-            "change is stated only when the corrected p < 0.05 and not fragile.\n\n"
-            + "\n".join(stats.gap_change_lines(changes, init_label, condition)) + "\n"
+        inits = list(dict.fromkeys(rows["init"]))
+        changes += stats.compare_gap_changes({(i, z): groups[i, z] for i in inits for z in [full] + smaller},
+                                             base=full, family=d, alpha=plan.alpha, pairs=plan.planned)
+    if not changes:
+        return ""
+    return ("\n## Does each planned difference change as the data shrinks?\n\n"
+            "Generated: each planned pair's difference at each smaller size against the same difference "
+            "on the main grid's set, paired by seed: per seed, (gap at the size) − (gap on the full set), a "
+            "paired t-test on those, Holm-corrected over the dataset's tests; a change is stated only when "
+            f"the corrected p < {plan.alpha:g} and not fragile.\n\n"
+            + "\n".join(stats.gap_change_lines(changes, init_label, condition, alpha=plan.alpha)) + "\n"
             + near_chance_caveat(runs))
 
 
@@ -248,9 +348,8 @@ TITLES = {"convmixer": "ConvMixer: learned vs frozen spatial filters",
 def off_report(params: dict, study: str) -> str:
     """The report of a study the params switch off (studies.<study>.datasets: [])."""
     return (f"# {TITLES[study]}\n\n"
-            f"**Not run in this configuration**: `studies.{study}.datasets` is empty. The embedded default "
-            "spends its time budget on the main grid at its full epoch budget and leaves this study out "
-            "(docs/studies.md: what it costs). Bring it back with\n\n"
+            f"**Not run in this configuration**: `studies.{study}.datasets` is empty (the embedded default "
+            "runs it on digits; docs/studies.md: what it costs). Bring it back with\n\n"
             f"    dvc exp run -S 'studies.{study}.datasets=[digits]'\n")
 
 

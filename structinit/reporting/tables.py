@@ -15,17 +15,29 @@ import pandas as pd
 from tabulate import tabulate
 
 from structinit.pipeline.cells import impulse_init
-from structinit.reporting.stats import Contrast, planned_contrasts, summarize
+from structinit.reporting.stats import ALPHA, POWER_METHOD, Contrast, Detectable, planned_contrasts, summarize
 from structinit.reporting.presentation import init_label
 
 from structinit.reporting import paper
-def paper_block(title: str, table: dict, columns: dict, note: str = "", row_label=None) -> str:
+
+
+def quoted_number(table: dict, row, col, derived=frozenset()) -> str:
+    """One of the paper's numbers as a table cell: "—" where none is quoted, "66.81 (derived)"
+    where it is computed from other quotes rather than quoted itself (paper.HEADS_WIDTH_DERIVED)."""
+    value = (table or {}).get(row, {}).get(col)
+    if value is None:
+        return "—"
+    return f"{value:.2f}" + (" (derived)" if (row, col) in derived else "")
+
+
+def paper_block(title: str, table: dict, columns: dict, note: str = "", row_label=None,
+                derived=frozenset()) -> str:
     """The paper's published numbers as a markdown block, headed as the paper's, for a report
     to show beside (or, on datasets the paper did not use, below) what ran.
-    table: row -> column -> top-1 %; columns: column key -> header."""
+    table: row -> column -> top-1 %; columns: column key -> header; derived: (row, column)
+    cells computed from other quotes, marked as such."""
     row_label = row_label or init_label
-    rows = [[row_label(r)] + [f"{v[c]:.2f}" if c in v else "—" for c in columns]
-            for r, v in table.items()]
+    rows = [[row_label(r)] + [quoted_number(table, r, c, derived) for c in columns] for r in table]
     body = tabulate(rows, headers=["paper"] + list(columns.values()), tablefmt="github",
                     disable_numparse=True)
     return f"## The paper's numbers: {title}\n\n" + (f"{note}\n\n" if note else "") + body + "\n"
@@ -190,10 +202,11 @@ def what_ran(params: dict, datasets, seeds, extra: str = "", vit: bool = True) -
 
 def study_table(runs: pd.DataFrame, row_key: str, col_key: str, *, rows: list, cols: list,
                 quoted: dict | None = None, paper_dataset: str | None = None,
-                row_label=str, col_label=str) -> str:
+                row_label=str, col_label=str, quoted_note: str = "", derived=frozenset()) -> str:
     """Per dataset, one line per (`row_key`, `col_key`) value: mean ± std, 95 % CI, n, and, when
     `paper_dataset` ran, a "paper" column with the paper's number (`quoted`: row -> col -> %)
-    on it (else the report shows the paper's numbers in a block of their own: paper_block)."""
+    on it (else the report shows the paper's numbers in a block of their own: paper_block).
+    quoted_note: what the column's numbers are, in its header (e.g. paper.SECONDARY)."""
     stats = seed_stats(runs, keys=("dataset", row_key, col_key))
     side_by_side = paper_dataset in set(runs.dataset)
     out = []
@@ -203,26 +216,65 @@ def study_table(runs: pd.DataFrame, row_key: str, col_key: str, *, rows: list, c
                 s = stats.loc[(ds, r, c)]
                 out.append([ds, row_label(r), col_label(c), _fmt(s), _ci(s), int(s["n"])])
                 if side_by_side:
-                    ref = (quoted or {}).get(r, {}).get(c) if ds == paper_dataset else None
-                    out[-1].append(f"{ref:.2f}" if ref is not None else "—")
+                    out[-1].append(quoted_number(quoted, r, c, derived) if ds == paper_dataset else "—")
     headers = ["dataset", row_key, col_key, "test acc %", "95% CI", "n"]
-    return tabulate(out, headers=headers + ([f"paper ({paper.DATASETS[paper_dataset]})"] if side_by_side else []),
+    paper_header = f"paper ({paper.DATASETS.get(paper_dataset, paper_dataset)}" + (
+        f"; {quoted_note})" if quoted_note else ")")
+    return tabulate(out, headers=headers + ([paper_header] if side_by_side else []),
                     tablefmt="github", disable_numparse=True)
 
 
-def study_contrasts(runs: pd.DataFrame, group_key: str, plan, within: str | None = None,
-                    value: str = "acc") -> list[Contrast]:
-    """Per dataset (and `within` value, one family each): the `group_key` values paired by seed;
-    plan(values) -> the planned pairs (a, b), Holm-corrected within the family; every other
-    pair is described without a test (stats.planned_contrasts)."""
-    out = []
+def study_groups(runs: pd.DataFrame, group_key: str, within: str | None = None,
+                 value: str = "acc") -> dict[str, tuple[str, dict]]:
+    """The study's families: per dataset (and `within` value), {family name: (dataset,
+    {`group_key` value: {seed: value}})}; a family's name is "digits" or "digits, cm64d4k3"."""
+    out = {}
     keys = ["dataset"] + ([within] if within else [])
     for key, sub in runs.groupby(keys, sort=False):
         key = key if isinstance(key, tuple) else (key,)
         groups = {g: dict(zip(rows.seed.tolist(), rows[value].tolist()))
                   for g, rows in ((g, sub[sub[group_key] == g]) for g in dict.fromkeys(sub[group_key]))}
-        out += planned_contrasts(groups, family=", ".join(str(k) for k in key), secondary=plan(list(groups)))
+        out[", ".join(str(k) for k in key)] = (key[0], groups)
     return out
+
+
+def study_contrasts(runs: pd.DataFrame, group_key: str, planned: list[tuple[str, str]],
+                    within: str | None = None, value: str = "acc", alpha: float = ALPHA) -> list[Contrast]:
+    """Per dataset (and `within` value, one family each): the `group_key` values paired by seed;
+    the planned pairs (a, b) (params.yaml studies.<study>.contrasts), Holm-corrected within the
+    family; every other pair is described without a test (stats.planned_contrasts). A planned
+    pair with an arm the family does not have is skipped (the report lists it as not run)."""
+    return [c for family, (_, groups) in study_groups(runs, group_key, within, value).items()
+            for c in planned_contrasts(groups, family=family, secondary=planned, alpha=alpha)]
+
+
+def detectable_block(rows: list[Detectable], label=str, unit: str = "points", reference_note: str = "") -> str:
+    """The report's "smallest difference this design detects" section (stats.Detectable rows)."""
+    if not rows:
+        return ""
+
+    def num(x, fmt=".2f"):
+        return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+    table = tabulate([[r.family, f"{label(r.a)} − {label(r.b)}", r.n, f"{r.alpha:.3g}", num(r.sd), num(r.detectable),
+                       r.reference, r.n_reference or "—", num(r.sd_reference), num(r.detectable_reference)]
+                      for r in rows],
+                     headers=["family", "contrast", "n", "α (Holm's first step)", "SD of paired differences",
+                              f"detectable ({unit})", "main grid: pair", "main grid: n",
+                              "main grid: SD of paired differences", f"detectable from it ({unit})"],
+                     tablefmt="github", disable_numparse=True)
+    alphas = sorted({r.alpha for r in rows})
+    return ("## Smallest difference this design detects\n\n"
+            f"Generated, for each planned contrast: {POWER_METHOD}. Each is computed at the α its contrast "
+            "is tested at, taken as α / m, the first (strictest) step of Holm over its family's m planned "
+            "contrasts (a contrast reached at a later step is tested at a larger α, so its detectable "
+            "difference is a little smaller: these are the conservative values"
+            + f"; here α / m = {', '.join(f'{a:.3g}' for a in alphas)}), and at "
+            "the contrast's own n, from two estimates of the SD of the paired differences: the study's own "
+            "(over its n seeds: with 3 seeds a rough one) and the main grid's (over every seed of "
+            "grid.seeds, from results/train: the same pair where the main grid trains both arms, else the "
+            "main table's primary contrast" + (f"; {reference_note}" if reference_note else "") + "). A true "
+            "difference smaller than these is missed more often than one time in five: \"not "
+            "distinguishable\" above is then no evidence of no difference.\n\n" + table + "\n")
 
 
 # --- the data-size study ------------------------------------------------------------------
