@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -168,6 +169,17 @@ def test_report_states_sizes_steps_and_only_supported_conclusions(tmp_path, para
     assert gap.endswith("The gap is larger at 359 images (25 %), 144 images (10 %) than at 1,437 images (100 %).")
     mimetic = next(line for line in text.splitlines() if line.startswith("- digits, Mimetic − Trunc Normal"))
     assert "**smaller** by 17.00" in mimetic                           # 77 -> 60 points at 10 %
+    # planned in params.yaml, tested per size; what each test detects (Holm's first step)
+    assert ("Planned in params.yaml (`studies.data_size.contrasts`) before the run, two-sided paired t tests "
+            "Holm-corrected within each family (dataset, size) at α = 0.05: Imp.-3 vs Trunc Normal; "
+            "Mimetic vs Trunc Normal.") in text
+    change = [ACC["impulse3"][0.1] - ACC["trunc_normal"][0.1] + (SIZE_SIGN[0.1] - SIZE_SIGN[1.0])
+              * (JITTER["impulse3"][s] - JITTER["trunc_normal"][s]) for s in range(3)]
+    sd = float(np.std(change, ddof=1))
+    assert (f"- digits, Imp.-3 − Trunc Normal, 144 images (10 %) vs 1,437 images (100 %): n = 3, α = 0.0125, "
+            f"SD of the per-seed change {sd:.2f}: detectable change "
+            f"{stats.min_detectable_difference(sd, 3, 0.0125):.2f} points") in text
+    assert "## Smallest difference this design detects" in text
     assert "The paper has no data-size study" in text and "ImageNet-1K (1,281,167 images) +0.82" in text
     assert "![digits: accuracy vs training-set size](figures/data_size/digits.png)" in text
     png = tmp_path / "reports/figures/data_size/digits.png"
