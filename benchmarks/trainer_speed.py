@@ -1,20 +1,24 @@
 """Trainer throughput: today's trainer against an earlier commit's, on the default digits cell.
 
-    python -m benchmarks.trainer_speed [--baseline 6634bb3] [--epochs 4] [--repeats 3] [--portable]
+    python -m benchmarks.trainer_speed [--baseline 896fbb7] [--dtypes fp32 bf16] [--epochs 4] [--repeats 3]
+                                       [--portable] [--train-size N]
 
 Each contender trains the default digits cell (params.yaml's recipe, Trunc Normal, 5 seeds
 stacked, as `dvc repro` does) for a few epochs in a process of its own (numerics settings are
 read once per process), with the code of its commit: the baseline from a `git worktree` of
---baseline (under .cache/), today's from this checkout. Repeats alternate between contenders,
-so machine load hits all alike. Per contender the child process also measures
+--baseline (under .cache/), today's from this checkout; once per --dtypes entry (the recipe's
+amp set to "off" or "bf16": on a CPU without native bf16, bf16 is emulated and slow, and
+amp=auto picks fp32 there). Repeats alternate between contenders, so machine load hits all
+alike. Per contender the child process also measures
 
-- the machine's GEMM rate for the dtype the trainer computes in (a 1024^3 matmul, fp32 or
-  bf16, under that process's own settings: the baseline's AVX2 pin, or the CPU's own kernels),
+- the machine's GEMM rate for the dtype the trainer computes in, under that process's own
+  settings: a 1024^3 matmul, and the model's own Linear shapes as the stack runs them
+  (batched over the 5 models, rows = batch x tokens; the FLOP-weighted rate of the four),
 - the FLOPs of one training image (forward + backward, torch.utils.flop_counter),
 
 and prints model-images/s (min/median over repeats, the median over a run's epochs after
-the first), the trainer's GFLOP/s and that as a fraction of the GEMM rate, and last
-`speedup: X` = median today / median baseline. --portable adds the baseline under MKL's
+the first), the trainer's GFLOP/s and that as a fraction of both GEMM rates, and last
+`speedup: X` = median today / median baseline (of the dtype amp=auto picks on this CPU). --portable adds the baseline under MKL's
 portable path (MKL_CBWR=COMPATIBLE with the AVX2 pin): what bytes equal across Intel and AMD
 would cost (README "What is reproducible"). Runs unchanged on a GPU (GEMM and trainer there).
 """
@@ -31,8 +35,10 @@ PINNED_PORTABLE = {"STRUCTINIT_CPU_NUMERICS": "native", "ATEN_CPU_CAPABILITY": "
                    "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
 
 
-def child(epochs: int, data_path: str, params_path: str) -> dict:
-    """Runs inside the contender's process, with its commit's structinit first on sys.path."""
+def child(epochs: int, data_path: str, params_path: str, amp: str = "auto", train_size: int | None = None) -> dict:
+    """Runs inside the contender's process, with its commit's structinit first on sys.path.
+    Imports by either layout: the package's (structinit.pipeline, structinit.training) or the
+    flat one of commits before the restructure (6634bb3: structinit.build, structinit.trainer)."""
     import time
 
     import torch
@@ -40,12 +46,17 @@ def child(epochs: int, data_path: str, params_path: str) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
     import structinit as si
-    from structinit.pipeline.build import build_model
-    from structinit.training.trainer import autocast, train_models
+    try:
+        from structinit.pipeline.build import build_model
+        from structinit.training.trainer import autocast, train_models
+    except ModuleNotFoundError:
+        from structinit.build import build_model
+        from structinit.trainer import autocast, train_models
 
     rec = yaml.safe_load(Path(params_path).read_text())["recipes"]["digits"]
     data = si.ImageData.load(data_path)
-    cfgs = [si.TrainConfig(**dict(rec["train"], epochs=epochs, eval_every=epochs), seed=s) for s in range(5)]
+    cfgs = [si.TrainConfig(**dict(rec["train"], epochs=epochs, eval_every=epochs, amp=amp), seed=s)
+            for s in range(5)]
     device = si.default_device()
     probe = build_model(rec["model"], data.spec).to(device)
     with autocast(cfgs[0], device):
@@ -71,6 +82,28 @@ def child(epochs: int, data_path: str, params_path: str) -> dict:
         best = min(best, (time.perf_counter() - t) / 4)
     gemm_gflops = 2 * n ** 3 / best / 1e9
 
+    # GEMM rate at the model's own shapes: its Linear layers, batched over the 5 models as the
+    # stack runs them ((5, rows, in) @ (5, in, out), rows = batch x tokens)
+    m = rec["model"]
+    width, tokens = m["embed_dim"], (data.spec.image_size // m["patch_size"]) ** 2
+    rows = min(rec["train"]["batch_size"], train_size or len(data.train_labels)) * tokens
+    shapes = [(width, 3 * width), (width, width), (width, 4 * width), (4 * width, width)]
+    flops = seconds = 0.0
+    for k, o in shapes:
+        p, q = torch.randn(5, rows, k, device=device).to(dtype), torch.randn(5, k, o, device=device).to(dtype)
+        for _ in range(3):
+            torch.bmm(p, q)
+        t_best = float("inf")
+        for _ in range(7):
+            sync()
+            t = time.perf_counter()
+            for _ in range(4):
+                torch.bmm(p, q)
+            sync()
+            t_best = min(t_best, (time.perf_counter() - t) / 4)
+        flops, seconds = flops + 2 * 5 * rows * k * o, seconds + t_best
+    shape_gflops = flops / seconds / 1e9
+
     # FLOPs per training image: one model, forward + backward, attention unfused (as stacked)
     for m in probe.modules():
         if hasattr(m, "fused_attn"):
@@ -84,9 +117,10 @@ def child(epochs: int, data_path: str, params_path: str) -> dict:
     for s in range(5):
         models.append(build_model(rec["model"], data.spec))
         si.initialize(models[-1], "trunc_normal", seed=s)
-    hist = train_models(models, data, cfgs, progress=False)[0]
+    subset = torch.arange(train_size) if train_size else None
+    hist = train_models(models, data, cfgs, progress=False, train_indices=subset)[0]
     rates = [h["images_per_s"] * len(models) for h in hist[1:]] or [hist[0]["images_per_s"] * len(models)]
-    return {"model_images_per_s": statistics.median(rates), "gemm_gflops": gemm_gflops,
+    return {"model_images_per_s": statistics.median(rates), "gemm_gflops": gemm_gflops, "shape_gflops": shape_gflops,
             "flop_per_image": flop_per_image, "dtype": str(dtype).replace("torch.", ""),
             "device": device.type, "capability": torch.backends.cpu.get_cpu_capability(),
             "threads": torch.get_num_threads(), "structinit": str(Path(si.__file__).parent)}
@@ -111,14 +145,16 @@ def worktree(rev: str) -> Path:
     return path
 
 
-def run_child(code_root: Path, env_extra: dict, epochs: int, data_path: Path) -> dict:
+def run_child(code_root: Path, env_extra: dict, epochs: int, data_path: Path, amp: str,
+              train_size: int | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in PINNED_PORTABLE and k != "PYTHONPATH"}
     env.update(env_extra, PYTHONPATH=str(code_root), PYTHONDONTWRITEBYTECODE="1")
     # this file's child(), loaded by path: the worktree has a benchmarks/ of its own
     script = (f"import importlib.util, json, sys; sys.path.insert(0, {str(code_root)!r}); "
               f"spec = importlib.util.spec_from_file_location('speed_child', {__file__!r}); "
               "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod); "
-              f"print('RESULT ' + json.dumps(mod.child({epochs}, {str(data_path)!r}, {str(REPO / 'params.yaml')!r})))")
+              f"print('RESULT ' + json.dumps(mod.child({epochs}, {str(data_path)!r}, {str(REPO / 'params.yaml')!r}, "
+              f"{amp!r}, {train_size!r})))")
     r = subprocess.run([sys.executable, "-c", script], cwd=code_root, env=env, capture_output=True, text=True)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     if r.returncode or not lines:
@@ -126,27 +162,35 @@ def run_child(code_root: Path, env_extra: dict, epochs: int, data_path: Path) ->
     return json.loads(lines[-1][7:])
 
 
-def main():
+AMP = {"fp32": "off", "bf16": "bf16"}
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--baseline", default="6634bb3", help="the commit whose trainer is the baseline")
+    ap.add_argument("--baseline", default="896fbb7", help="the commit whose trainer is the baseline")
+    ap.add_argument("--dtypes", nargs="+", choices=sorted(AMP), default=["fp32", "bf16"])
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--train-size", type=int, help="train on the first N images (a quick check)")
     ap.add_argument("--portable", action="store_true", help="also the baseline under MKL_CBWR=COMPATIBLE")
-    a = ap.parse_args()
+    ap.add_argument("--data", type=Path, default=REPO / "data/prepared/digits.pt", help="the prepared digits")
+    a = ap.parse_args(argv)
     from tabulate import tabulate
 
-    data_path = REPO / "data/prepared/digits.pt"
+    data_path = a.data.resolve()
     if not data_path.exists():
         raise SystemExit(f"{data_path} is missing: run `./run.sh repro download@digits` first")
     base = worktree(a.baseline)
-    contenders = {f"baseline {a.baseline} (its default: AVX2 pin)": (base, {}),
-                  "today (this checkout)": (REPO, {})}
-    if a.portable:
-        contenders[f"baseline {a.baseline}, MKL_CBWR=COMPATIBLE"] = (base, PINNED_PORTABLE)
+    contenders = {}
+    for dtype in a.dtypes:
+        contenders[f"baseline {a.baseline}, {dtype}"] = (base, {}, dtype)
+        contenders[f"today, {dtype}"] = (REPO, {}, dtype)
+        if a.portable:
+            contenders[f"baseline {a.baseline}, {dtype}, MKL_CBWR=COMPATIBLE"] = (base, PINNED_PORTABLE, dtype)
     results = {name: [] for name in contenders}
     for r in range(a.repeats):
-        for name, (root, env) in contenders.items():
-            results[name].append(run_child(root, env, a.epochs, data_path))
+        for name, (root, env, dtype) in contenders.items():
+            results[name].append(run_child(root, env, a.epochs, data_path, AMP[dtype], a.train_size))
             print(f"repeat {r + 1}/{a.repeats} {name}: {results[name][-1]['model_images_per_s']:.0f} "
                   "model-images/s", flush=True)
     rows = []
@@ -154,16 +198,29 @@ def main():
         rates = [x["model_images_per_s"] for x in rs]
         med, flop = statistics.median(rates), rs[0]["flop_per_image"]
         gemm = statistics.median(x["gemm_gflops"] for x in rs)
+        shape = statistics.median(x["shape_gflops"] for x in rs)
         rows.append([name, rs[0]["dtype"], rs[0]["capability"], rs[0]["threads"], f"{min(rates):.0f}", f"{med:.0f}",
-                     f"{med * flop / 1e9:.1f}", f"{gemm:.0f}", f"{med * flop / 1e9 / gemm:.2f}"])
-    print(f"\n{cpu_model()} ({rs[0]['device']}); default digits cell, 5 seeds stacked, {a.epochs} epochs, "
-          f"{a.repeats} alternating repeats; {results[next(iter(results))][0]['flop_per_image'] / 1e6:.1f} "
-          "MFLOP per training image (fwd + bwd)")
+                     f"{med * flop / 1e9:.1f}", f"{gemm:.0f}", f"{med * flop / 1e9 / gemm:.2f}", f"{shape:.0f}",
+                     f"{med * flop / 1e9 / shape:.2f}"])
+    first = results[next(iter(results))][0]
+    print(f"\n{cpu_model()} ({first['device']}); default digits cell, 5 seeds stacked, {a.epochs} epochs"
+          f"{f', {a.train_size} images' if a.train_size else ''}, {a.repeats} alternating repeats; "
+          f"{first['flop_per_image'] / 1e6:.1f} MFLOP per training image (fwd + bwd)")
     print(tabulate(rows, headers=["trainer", "dtype", "ATen ISA", "threads", "model-img/s min", "median",
-                                  "GFLOP/s", "GEMM GFLOP/s (its dtype)", "fraction of GEMM"], tablefmt="github"))
-    speed = (statistics.median(x["model_images_per_s"] for x in results["today (this checkout)"])
-             / statistics.median(x["model_images_per_s"] for x in results[next(iter(results))]))
-    print(f"speedup: {speed:.2f}")
+                                  "GFLOP/s", "GEMM 1024^3 GFLOP/s", "fraction", "GEMM model shapes GFLOP/s",
+                                  "fraction"], tablefmt="github"))
+    # the speedup of the precision amp=auto runs in on this CPU (fp32 without native bf16)
+    auto = "bf16" if first["device"] == "cuda" or _native_bf16() else "fp32"
+    auto = auto if auto in a.dtypes else a.dtypes[0]
+    speed = (statistics.median(x["model_images_per_s"] for x in results[f"today, {auto}"])
+             / statistics.median(x["model_images_per_s"] for x in results[f"baseline {a.baseline}, {auto}"]))
+    print(f"speedup: {speed:.2f} ({auto}: what amp=auto computes in on this machine)")
+    return speed
+
+
+def _native_bf16() -> bool:
+    from structinit.numerics import cpu_has_native_bf16
+    return cpu_has_native_bf16()
 
 
 if __name__ == "__main__":

@@ -184,7 +184,7 @@ def test_fused_attention_only_off_on_cpu():
     """CPU's fused attention kernel has no vmap batching rule (a per-model loop), so the stack
     runs timm's explicit attention there; CUDA's fused kernels have batching rules, so moving
     the stack off the CPU gives timm's own choice back. ("meta" stands in for a GPU here.)"""
-    stack = StackedModels(_vits([0, 1]))
+    stack = StackedModels(_vits([0, 1]), batched=False)               # the vmap way
     attns = [m for m in stack.base.modules() if hasattr(m, "fused_attn")]
     assert attns and not any(m.fused_attn for m in attns)
     stack.to("meta")
@@ -209,3 +209,85 @@ def test_cuda_attention_kernels_have_vmap_batching_rules():
             vmap(lambda a: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(a, a, a)[0])(q)
     finally:
         torch._C._functorch._set_vmap_fallback_enabled(True)
+
+
+def test_vits_run_batched_and_batchnorm_models_by_vmap():
+    """The project's ViTs take the batched way (timm's module on N*B samples, weights with a
+    model axis, fused attention over models x batch x heads); ConvMixer (BatchNorm: per-model
+    statistics) takes vmap. Both give each model's own forward."""
+    vits = StackedModels(_vits([0, 1]))
+    assert vits.batched is not None
+    assert all(m.fused_attn for m in vits.base.modules() if hasattr(m, "fused_attn"))   # timm's own choice
+    assert vits.params["blocks.0.attn.qkv.weight"].shape == (2, 144, 48)
+    assert StackedModels(_convmixers([0, 1])).batched is None
+
+
+def test_batched_gradients_are_each_models_own():
+    """The batched way's per-model gradients and losses == each model's .backward() alone and
+    == the vmap way's, to float noise (fp32)."""
+    torch.manual_seed(0)
+    models = _vits([0, 1, 2], method="impulse")
+    x, y = torch.randn(3, 16, 1, 8, 8), torch.randint(0, 10, (3, 16))
+    loss = lambda logits, labels: torch.nn.functional.cross_entropy(logits.float(), labels, label_smoothing=0.1)
+    grads, losses, logits = StackedModels(models).loss_and_grads(x, y, loss)
+    vgrads, vlosses, vlogits = StackedModels(models, batched=False).loss_and_grads(x, y, loss)
+    assert sorted(grads) == sorted(vgrads) and "pos_embed" not in grads
+    torch.testing.assert_close(losses, vlosses, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(logits, vlogits, rtol=1e-5, atol=1e-5)
+    for i, m in enumerate(models):
+        m.zero_grad()
+        loss(m(x[i]), y[i]).backward()
+        for name, p in m.named_parameters():
+            if p.requires_grad:
+                torch.testing.assert_close(grads[name][i], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+                torch.testing.assert_close(vgrads[name][i], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_batched_step_computes_in_bf16_under_autocast():
+    """The reason vmap needs functional gradients (autocast stays fp32 for tensors that require
+    grad under vmap) does not apply here: with bf16 autocast on the CPU the batched step's
+    matmuls run in bf16 (logits come out bf16), and its gradients stay close to fp32's."""
+    models = _vits([0, 1])
+    x, y = torch.randn(2, 16, 1, 8, 8), torch.randint(0, 10, (2, 16))
+    cfg = si.TrainConfig(amp="bf16")
+    from structinit.training.trainer import loss_and_grads
+    grads, losses, logits = loss_and_grads(StackedModels(models), x, y, cfg, torch.device("cpu"))
+    assert logits.dtype == torch.bfloat16 and losses.dtype == torch.float32
+    fp32, _, _ = loss_and_grads(StackedModels(models), x, y, si.TrainConfig(amp="off"), torch.device("cpu"))
+    for name, g in grads.items():
+        assert g.dtype == torch.float32
+        rel = (g - fp32[name]).norm() / fp32[name].norm().clamp_min(1e-12)
+        assert rel < 0.1, (name, rel.item())
+
+
+def test_what_has_no_batched_form_falls_back_to_vmap():
+    """A frozen tensor that differs between the models (here the position encoding) or a
+    trained parameter outside Linear/LayerNorm/Conv2d (a class token) has no batched form."""
+    from structinit.training.batched import _why_not
+    a, b = _vits([0, 1])
+    with torch.no_grad():
+        b.pos_embed.add_(1.0)
+    assert "pos_embed is frozen but differs" in _why_not([a, b])
+    assert StackedModels([a, b]).batched is None
+    cls = [si.create_vit(img_size=8, patch_size=1, embed_dim=48, depth=1, num_heads=3, num_classes=10,
+                         in_chans=1) for _ in range(2)]
+    for m in cls:
+        m.cls_token = torch.nn.Parameter(torch.zeros(1, 1, 48))
+    assert "cls_token" in _why_not(cls) and "trains" in _why_not(cls)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_batched_stack_on_cuda_is_each_models_own():
+    """The GPU path: the batched stack on CUDA (fused attention, bf16 autocast as amp=auto
+    picks there) against each model alone on the CPU in fp32, to bf16 noise."""
+    models = _vits([0, 1])
+    x, y = torch.randn(2, 32, 1, 8, 8), torch.randint(0, 10, (2, 32))
+    stack = StackedModels(models).to(torch.device("cuda"))
+    assert stack.batched is not None
+    from structinit.training.trainer import loss_and_grads
+    cfg = si.TrainConfig(amp="auto")
+    grads, losses, logits = loss_and_grads(stack, x.cuda(), y.cuda(), cfg, torch.device("cuda"))
+    assert logits.dtype == torch.bfloat16
+    for i, m in enumerate(models):
+        ref = torch.nn.functional.cross_entropy(m(x[i]), y[i], label_smoothing=cfg.label_smoothing)
+        assert abs(losses[i].item() - ref.item()) < 0.05

@@ -113,14 +113,21 @@ def test_checkpoint_of_another_config_is_not_resumed(digits, tmp_path):
 
 def test_bf16_autocast_path_runs_on_cpu(digits):
     """The GPU path's mixed precision, exercised on CPU: every training forward really runs in
-    bf16 (the trainer takes gradients with torch.func.grad because, under vmap, autocast
-    would otherwise stay in fp32), with fp32 master weights."""
+    bf16 (the head's output, whichever module the stack runs it as: timm's Linear or its batched
+    form), with fp32 master weights."""
     model = small_vit()
     si.initialize(model, "trunc_normal", seed=0)
     dtypes = []
-    model.head.register_forward_hook(lambda m, a, out: dtypes.append(out.dtype))   # the stack runs it too
+
+    def head_output(module, args, out):             # the classifier: a Linear with 10 outputs
+        if type(module).__name__.endswith("Linear") and out.shape[-1] == 10 and torch.is_grad_enabled():
+            dtypes.append(out.dtype)
     cfg = si.TrainConfig(epochs=3, amp="bf16", cpu_chunks=1, **FAST)
-    hist = si.train_model(model, digits, cfg, device="cpu", train_indices=torch.arange(256), progress=False)
+    hook = torch.nn.modules.module.register_module_forward_hook(head_output)
+    try:
+        hist = si.train_model(model, digits, cfg, device="cpu", train_indices=torch.arange(256), progress=False)
+    finally:
+        hook.remove()
     steps = 3 * 256 // 64
     assert dtypes.count(torch.bfloat16) == steps            # every training step's forward
     assert hist[-1]["train_loss"] < hist[0]["train_loss"]

@@ -8,14 +8,20 @@ Why: the embedded default's ViT (width 48, 64 tokens, batch 64) is so small that
 step is mostly per-op overhead (Python, dispatch, thread fork/join); five such models
 stacked cost little more per step than one (benchmarks/stacked_throughput.py).
 
-How: `torch.func.stack_module_state` gives each parameter and buffer a leading model
-dimension, and `vmap(functional_call)` runs the unchanged timm module over it. Gradients are
-per model by construction: `vmap(grad(one model's loss))` (functorch's model-ensembling
-recipe), then per-model gradient clipping (`clip_grad_norm_per_model`) and an elementwise
-optimizer (AdamW) keep every model's update what it would be alone. Functional gradients,
-not `.backward()` on leaves that require grad: under vmap, autocast silently stays in fp32
-for tensors that require grad (torch 2.14), and bf16 autocast is the GPU recipe. BatchNorm
-works too: its running statistics are stacked buffers, updated in place per model.
+How, two ways behind one interface:
+- batched (batched.py), where the architecture allows (the project's ViTs): timm's module
+  runs unchanged on all N*B samples, its Linear/LayerNorm/Conv2d layers swapped for ones
+  whose weights carry the model axis (batched matmuls over models), attention one fused
+  `scaled_dot_product_attention` call over models x batch x heads; plain autograd.
+- vmap, for the rest (BatchNorm: ConvMixer): `torch.func.stack_module_state` gives each
+  parameter and buffer a leading model dimension, and `vmap(functional_call)` runs the
+  unchanged timm module over it; gradients by `vmap(grad(one model's loss))` (functorch's
+  model-ensembling recipe). Functional gradients, not `.backward()` on leaves that require
+  grad: under vmap, autocast silently stays in fp32 for tensors that require grad (torch
+  2.14). BatchNorm's running statistics are stacked buffers, updated in place per model.
+Either way gradients are per model by construction, and per-model gradient clipping
+(`clip_grad_norm_per_model`) and an elementwise optimizer (AdamW) keep every model's update
+what it would be alone.
 """
 from __future__ import annotations
 
@@ -27,6 +33,8 @@ from typing import Callable
 
 from torch.func import functional_call, grad, stack_module_state, vmap
 
+from structinit.training.batched import batched_module, is_batched_layer
+
 
 def _signature(model: torch.nn.Module) -> list[tuple]:
     return ([(n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in model.named_parameters()]
@@ -36,7 +44,8 @@ def _signature(model: torch.nn.Module) -> list[tuple]:
 class StackedModels:
     """N models of one architecture as stacked tensors (leading dim N) and one meta module."""
 
-    def __init__(self, models: list[torch.nn.Module]):
+    def __init__(self, models: list[torch.nn.Module], batched: bool = True):
+        """batched=False: the vmap way even where the batched one exists (tests, benchmarks)."""
         if not models:
             raise ValueError("StackedModels needs at least one model")
         first = _signature(models[0])
@@ -45,15 +54,34 @@ class StackedModels:
                 raise ValueError(f"model {i} ({type(m).__name__}) differs from model 0 in its "
                                  "parameters or buffers; only models of one architecture stack")
         self.n = len(models)
+        self.state_keys = list(models[0].state_dict())     # persistent entries, in module order
+        self.batched = batched_module(models) if batched else None
+        if self.batched is not None:
+            # The module's own parameters, in the models' names; shared frozen tensors (the
+            # position encoding) are kept once, broadcast as view (N, ...) for state_dict_of.
+            self.base = self.batched
+            self.trainable_names = [k for k, v in self.batched.named_parameters() if v.requires_grad]
+            self._collect_batched()
+            return
         params, self.buffers = stack_module_state(models)
         # Plain tensors: gradients come from torch.func.grad, and the optimizer sees .grad set
         # by hand. Frozen parameters (the fixed position encoding, frozen filters) get none.
         self.trainable_names = [k for k, v in params.items() if v.requires_grad]
         self.params = {k: v.detach() for k, v in params.items()}
-        self.state_keys = list(models[0].state_dict())     # persistent entries, in module order
         self.base = copy.deepcopy(models[0]).to("meta")     # the architecture, without weights
         self.base.train(models[0].training)
         self._attention_impl(self.params[next(iter(self.params))].device)
+
+    def _collect_batched(self) -> None:
+        """params/buffers: name -> (N, ...) tensor of the batched module (a shared one as an
+        expanded view)."""
+        batched_names = {n for n, m in self.batched.named_modules() if is_batched_layer(m)}
+
+        def per_model(name, t):
+            owner = name.rpartition(".")[0]
+            return t if owner in batched_names else t.unsqueeze(0).expand(self.n, *t.shape)
+        self.params = {k: per_model(k, v) for k, v in self.batched.named_parameters()}
+        self.buffers = {k: per_model(k, v) for k, v in self.batched.named_buffers()}
 
     def _attention_impl(self, device: torch.device) -> None:
         # vmap has no batching rule for CPU's fused attention kernel
@@ -68,13 +96,20 @@ class StackedModels:
 
     def replica(self) -> "StackedModels":
         """The same tensors behind another module: functional_call swaps tensors into its
-        module while it runs, so each thread that runs the stack needs its own."""
+        module while it runs, so each thread that runs the stack needs its own. (The batched
+        module holds its tensors and changes no state in a forward: threads share it.)"""
+        if self.batched is not None:
+            return self
         other = copy.copy(self)
         other.base = copy.deepcopy(self.base)
         return other
 
     def to(self, device: torch.device) -> "StackedModels":
         # Moving creates new leaves: done before an optimizer is built over them.
+        if self.batched is not None:
+            self.batched.to(device)
+            self._collect_batched()
+            return self
         self.params = {k: v.to(device) for k, v in self.params.items()}
         self.buffers = {k: v.to(device) for k, v in self.buffers.items()}
         self._attention_impl(torch.device(device))
@@ -94,6 +129,11 @@ class StackedModels:
     def __call__(self, x: torch.Tensor, shared_input: bool = False) -> torch.Tensor:
         """x: (N, B, ...) one batch per model, or (B, ...) seen by all with shared_input=True.
         Returns (N, B, ...) outputs. No gradients: see `loss_and_grads`."""
+        if self.batched is not None:
+            x = x.expand(self.n, *x.shape) if shared_input else x
+            with torch.no_grad():
+                out = self.batched(x.flatten(0, 1))
+            return out.view(self.n, -1, *out.shape[1:])
         def one(params, buffers, xi):
             return functional_call(self.base, (params, buffers), (xi,))
         return vmap(one, in_dims=(0, 0, None if shared_input else 0))(self.params, self.buffers, x)
@@ -104,6 +144,16 @@ class StackedModels:
         """x (N, B, ...), y (N, B) -> (each model's gradient of loss_fn(its logits, its y):
         {name: (N, *shape)} for the trainable parameters, losses (N,), logits (N, B, ...)).
         context() is entered around each forward (e.g. autocast)."""
+        if self.batched is not None:
+            trainable = self.trainable()
+            with torch.enable_grad():
+                with context():
+                    out = self.batched(x.flatten(0, 1))
+                logits = out.view(self.n, -1, *out.shape[1:])                     # (N, B, ...)
+                losses = torch.stack([loss_fn(logits[i], y[i]) for i in range(self.n)])   # (N,)
+                # d(sum of the models' losses)/d(model i's weights) = d(model i's loss)/d(them)
+                grads = torch.autograd.grad(losses.sum(), list(trainable.values()))
+            return dict(zip(trainable, grads)), losses.detach(), logits.detach()
         frozen = {k: v for k, v in self.params.items() if k not in self.trainable_names}
 
         def one(trainable, frozen, buffers, xi, yi):
