@@ -104,7 +104,8 @@ def child(epochs: int, data_path: str, params_path: str, amp: str = "auto", trai
         flops, seconds = flops + 2 * 5 * rows * k * o, seconds + t_best
     shape_gflops = flops / seconds / 1e9
 
-    # FLOPs per training image: one model, forward + backward, attention unfused (as stacked)
+    # FLOPs per training image: one model, forward + backward (attention unfused: the counter
+    # counts its matmuls; the same FLOPs whichever kernel runs them)
     for m in probe.modules():
         if hasattr(m, "fused_attn"):
             m.fused_attn = False
@@ -210,11 +211,11 @@ def main(argv=None):
                                   "GFLOP/s", "GEMM 1024^3 GFLOP/s", "fraction", "GEMM model shapes GFLOP/s",
                                   "fraction"], tablefmt="github"))
     # the speedup of the precision amp=auto runs in on this CPU (fp32 without native bf16)
-    auto = "bf16" if first["device"] == "cuda" or _native_bf16() else "fp32"
-    auto = auto if auto in a.dtypes else a.dtypes[0]
+    picked = "bf16" if first["device"] == "cuda" or _native_bf16() else "fp32"
+    auto = picked if picked in a.dtypes else a.dtypes[0]
     speed = (statistics.median(x["model_images_per_s"] for x in results[f"today, {auto}"])
              / statistics.median(x["model_images_per_s"] for x in results[f"baseline {a.baseline}, {auto}"]))
-    print(f"speedup: {speed:.2f} ({auto}: what amp=auto computes in on this machine)")
+    print(f"speedup: {speed:.2f} ({auto}{': what amp=auto computes in here' if auto == picked else f'; amp=auto computes in {picked} here'})")
     return speed
 
 

@@ -274,6 +274,11 @@ def test_what_has_no_batched_form_falls_back_to_vmap():
     for m in cls:
         m.cls_token = torch.nn.Parameter(torch.zeros(1, 1, 48))
     assert "cls_token" in _why_not(cls) and "trains" in _why_not(cls)
+    # a parameter-free module with batch statistics would mix the models' samples
+    coupled = _vits([0, 1])
+    for m in coupled:
+        m.fc_norm = torch.nn.BatchNorm1d(48, affine=False, track_running_stats=False)
+    assert "fc_norm is BatchNorm1d (batch statistics)" in _why_not(coupled)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")

@@ -109,6 +109,10 @@ class BatchedConv2d(nn.Module):
         return y.reshape(b, self.n, -1, h2, w2).transpose(0, 1).reshape(nb, -1, h2, w2)
 
 
+# Modules whose output for one sample depends on the others in the batch, parameters or not.
+_BATCH_COUPLING = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
+
+
 def is_batched_layer(m: nn.Module) -> bool:
     return type(m) in _SWAPS.values()
 
@@ -117,6 +121,8 @@ def _why_not(models: list[nn.Module]) -> str | None:
     """Why these models cannot run as one batched module (None: they can)."""
     first = models[0]
     for name, m in first.named_modules():
+        if isinstance(m, _BATCH_COUPLING):        # statistics over the batch would mix the models
+            return f"{name or 'model'} is {type(m).__name__} (batch statistics)"
         own = list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False))
         if not own:
             continue

@@ -22,6 +22,7 @@ from structinit.data.tensors import ImageData
 from structinit.training.common import autocast, lr_at, param_groups, schedule_steps
 from structinit.training.config import TrainConfig
 from structinit.training.steps import steps_per_epoch
+from structinit.training.trainer import BatchAugmentation
 
 
 def plain_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
@@ -44,8 +45,6 @@ def train_plain(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
     """Train `model` in place with cfg's recipe; one {"epoch", "lr", "train_loss",
     "train_seconds", "images_per_s"} per epoch. The batches are the trainer's: same order,
     same augmentation, same drop-last step count."""
-    from structinit.training.trainer import BatchAugmentation      # trainer imports this module's users
-
     device = torch.device(device)
     augmentation = BatchAugmentation(data, cfg, device)
     idx = train_indices if train_indices is not None else torch.arange(len(data.train_labels))
@@ -59,6 +58,7 @@ def train_plain(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
     history = []
     for epoch in range(cfg.epochs):
         t = time.perf_counter()
+        # restated, not imported from the trainer: the equivalence test then also checks its seeding
         gen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + epoch)
         order = torch.randperm(len(train_y), device=device, generator=gen)
         loss_sum = torch.zeros((), device=device)

@@ -152,7 +152,8 @@ class StackedModels:
                 logits = out.view(self.n, -1, *out.shape[1:])                     # (N, B, ...)
                 losses = torch.stack([loss_fn(logits[i], y[i]) for i in range(self.n)])   # (N,)
                 # d(sum of the models' losses)/d(model i's weights) = d(model i's loss)/d(them)
-                grads = torch.autograd.grad(losses.sum(), list(trainable.values()))
+                grads = torch.autograd.grad(losses.sum(), list(trainable.values()), allow_unused=True,
+                                            materialize_grads=True)      # unused: zeros, as vmap's
             return dict(zip(trainable, grads)), losses.detach(), logits.detach()
         frozen = {k: v for k, v in self.params.items() if k not in self.trainable_names}
 

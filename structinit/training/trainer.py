@@ -187,7 +187,8 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
                                    lambda replica, x, y: loss_and_grads(replica, x, y, cfg, device))
     if show:
         where = f"{device} x {ctx.world_size} processes" if ctx.enabled else device
-        print(f"training {len(models)} model(s) stacked on {where} in {dtype}, "
+        way = "batched" if stack.batched is not None else "by vmap"
+        print(f"training {len(models)} model(s) stacked ({way}) on {where} in {dtype}, "
               f"epochs {start + 1}-{cfg.epochs}: {how} per step")
 
     # ---- the epochs: train, evaluate when due, log, checkpoint, report ----
