@@ -27,7 +27,6 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 import yaml
 from PIL import Image
 from tabulate import tabulate

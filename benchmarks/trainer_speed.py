@@ -1,7 +1,7 @@
 """Trainer throughput: today's trainer against an earlier commit's, on the default digits cell.
 
-    python -m benchmarks.trainer_speed [--baseline 896fbb7] [--dtypes fp32 bf16] [--epochs 4] [--repeats 3]
-                                       [--portable] [--train-size N]
+    python -m benchmarks.trainer_speed [--baseline 896fbb7] [--dtypes fp32 bf16] [--epochs 4]
+                                       [--repeats 3] [--portable] [--train-size N]
 
 Each contender trains the default digits cell (params.yaml's recipe, Trunc Normal, 5 seeds
 stacked, as `dvc repro` does) for a few epochs in a process of its own (numerics settings are
@@ -18,9 +18,10 @@ alike. Per contender the child process also measures
 
 and prints model-images/s (min/median over repeats, the median over a run's epochs after
 the first), the trainer's GFLOP/s and that as a fraction of both GEMM rates, and last
-`speedup: X` = median today / median baseline (of the dtype amp=auto picks on this CPU). --portable adds the baseline under MKL's
-portable path (MKL_CBWR=COMPATIBLE with the AVX2 pin): what bytes equal across Intel and AMD
-would cost (README "What is reproducible"). Runs unchanged on a GPU (GEMM and trainer there).
+`speedup: X` = median today / median baseline (of the dtype amp=auto picks on this CPU).
+--portable adds the baseline under MKL's portable path (MKL_CBWR=COMPATIBLE with the AVX2
+pin): what bytes equal across Intel and AMD would cost (README "What is reproducible").
+Runs unchanged on a GPU (GEMM and trainer there).
 """
 import argparse
 import json
@@ -215,7 +216,8 @@ def main(argv=None):
     auto = picked if picked in a.dtypes else a.dtypes[0]
     speed = (statistics.median(x["model_images_per_s"] for x in results[f"today, {auto}"])
              / statistics.median(x["model_images_per_s"] for x in results[f"baseline {a.baseline}, {auto}"]))
-    print(f"speedup: {speed:.2f} ({auto}{': what amp=auto computes in here' if auto == picked else f'; amp=auto computes in {picked} here'})")
+    why = ": what amp=auto computes in here" if auto == picked else f"; amp=auto computes in {picked} here"
+    print(f"speedup: {speed:.2f} ({auto}{why})")
     return speed
 
 

@@ -228,7 +228,8 @@ def test_batched_gradients_are_each_models_own():
     torch.manual_seed(0)
     models = _vits([0, 1, 2], method="impulse")
     x, y = torch.randn(3, 16, 1, 8, 8), torch.randint(0, 10, (3, 16))
-    loss = lambda logits, labels: torch.nn.functional.cross_entropy(logits.float(), labels, label_smoothing=0.1)
+    def loss(logits, labels):
+        return torch.nn.functional.cross_entropy(logits.float(), labels, label_smoothing=0.1)
     grads, losses, logits = StackedModels(models).loss_and_grads(x, y, loss)
     vgrads, vlosses, vlogits = StackedModels(models, batched=False).loss_and_grads(x, y, loss)
     assert sorted(grads) == sorted(vgrads) and "pos_embed" not in grads
