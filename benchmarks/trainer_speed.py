@@ -68,20 +68,24 @@ def child(epochs: int, data_path: str, params_path: str, amp: str = "auto", trai
         if device.type == "cuda":
             torch.cuda.synchronize()
 
+    def best_seconds(op) -> float:
+        """op's time: 3 warm-up calls, then the best of 7 timings of 4 calls each."""
+        for _ in range(3):
+            op()
+        best = float("inf")
+        for _ in range(7):
+            sync()
+            t = time.perf_counter()
+            for _ in range(4):
+                op()
+            sync()
+            best = min(best, (time.perf_counter() - t) / 4)
+        return best
+
     # GEMM ceiling for this dtype, under this process's settings
     n = 4096 if device.type == "cuda" else 1024
     a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
-    for _ in range(3):
-        a @ b
-    best = float("inf")
-    for _ in range(7):
-        sync()
-        t = time.perf_counter()
-        for _ in range(4):
-            a @ b
-        sync()
-        best = min(best, (time.perf_counter() - t) / 4)
-    gemm_gflops = 2 * n ** 3 / best / 1e9
+    gemm_gflops = 2 * n ** 3 / best_seconds(lambda: a @ b) / 1e9
 
     # GEMM rate at the model's own shapes: its Linear layers, batched over the 5 models as the
     # stack runs them ((5, rows, in) @ (5, in, out), rows = batch x tokens)
@@ -92,17 +96,7 @@ def child(epochs: int, data_path: str, params_path: str, amp: str = "auto", trai
     flops = seconds = 0.0
     for k, o in shapes:
         p, q = torch.randn(5, rows, k, device=device).to(dtype), torch.randn(5, k, o, device=device).to(dtype)
-        for _ in range(3):
-            torch.bmm(p, q)
-        t_best = float("inf")
-        for _ in range(7):
-            sync()
-            t = time.perf_counter()
-            for _ in range(4):
-                torch.bmm(p, q)
-            sync()
-            t_best = min(t_best, (time.perf_counter() - t) / 4)
-        flops, seconds = flops + 2 * 5 * rows * k * o, seconds + t_best
+        flops, seconds = flops + 2 * 5 * rows * k * o, seconds + best_seconds(lambda p=p, q=q: torch.bmm(p, q))
     shape_gflops = flops / seconds / 1e9
 
     # FLOPs per training image: one model, forward + backward (attention unfused: the counter

@@ -112,15 +112,20 @@ class PairedDifference:
     p: float          # paired t-test p (nan: n < 2, or differences with no spread)
 
 
+def _paired(a: dict, b: dict) -> tuple[list, np.ndarray]:
+    """a, b: seed -> value -> (the seeds both have, in a's order; their differences a - b)."""
+    seeds = [s for s in a if s in b]
+    if not seeds:
+        raise ValueError(f"no seed in common: {sorted(a)} vs {sorted(b)}")
+    return seeds, np.array([a[s] - b[s] for s in seeds], dtype=float)
+
+
 def paired_difference(a: dict, b: dict, alternative: str = "two-sided",
                       confidence: float = 0.95) -> PairedDifference:
     """a, b: seed -> value. Pairs the seeds both have. alternative "greater": H1 mean(a - b) > 0."""
     if alternative not in ALTERNATIVES:
         raise ValueError(f"alternative={alternative!r}; choose one of {ALTERNATIVES}")
-    seeds = [s for s in a if s in b]
-    if not seeds:
-        raise ValueError(f"no seed in common: {sorted(a)} vs {sorted(b)}")
-    d = np.array([a[s] - b[s] for s in seeds], dtype=float)
+    _, d = _paired(a, b)
     n, diff = len(d), float(d.mean())
     if n < 2:
         return PairedDifference(diff, 0.0, n, math.nan, math.nan, math.nan)
@@ -322,10 +327,7 @@ def tost_paired(a: dict, b: dict, margin: float, alpha: float = ALPHA, family: s
     inside (-margin, +margin)."""
     if not margin > 0:
         raise ValueError(f"margin={margin}: an equivalence margin must be > 0")
-    seeds = [s for s in a if s in b]
-    if not seeds:
-        raise ValueError(f"no seed in common: {sorted(a)} vs {sorted(b)}")
-    d = np.array([a[s] - b[s] for s in seeds], dtype=float)
+    seeds, d = _paired(a, b)
     n, diff = len(d), float(d.mean())
     ma, mb = float(np.mean([a[s] for s in seeds])), float(np.mean([b[s] for s in seeds]))
     sd = float(d.std(ddof=1)) if n > 1 else 0.0
@@ -335,7 +337,7 @@ def tost_paired(a: dict, b: dict, margin: float, alpha: float = ALPHA, family: s
     se, df = sd / math.sqrt(n), n - 1
     p_lower = float(sps.t.sf((diff + margin) / se, df))
     p_upper = float(sps.t.cdf((diff - margin) / se, df))
-    half = float(sps.t.ppf(1 - alpha, df)) * se
+    half = _t_half(sd, n, 1 - 2 * alpha)         # the 1 - 2 alpha interval's half-width
     p = max(p_lower, p_upper)
     return Equivalence(family, *names, margin, ma, mb, diff, diff - half, diff + half, n, p_lower, p_upper,
                        p, p, alpha, "equivalent" if p < alpha else "not shown")
@@ -497,6 +499,7 @@ class GapChange:
     p: float          # paired t p of the change (nan: not testable)
     p_adjusted: float  # Holm over the family
     verdict: str      # ">" (the gap is larger at other), "<" (smaller), "~" (not distinguishable)
+    sd: float = math.nan  # SD of the per-seed changes (what the test's power rests on; nan: n < 2)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -532,7 +535,7 @@ def compare_gap_changes(groups: dict[tuple[str, str], dict], reference: str | No
         d = diffs[i]
         verdict = _verdict(d.diff, p_adj, alpha)
         out.append(GapChange(family, a, b, base, c, gap[base], gap[c], d.ci_low, d.ci_high,
-                             d.n, d.p, p_adj, verdict))
+                             d.n, d.p, p_adj, verdict, d.std if d.n > 1 else math.nan))
     return out
 
 

@@ -16,7 +16,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import yaml
 
@@ -315,15 +314,11 @@ def _gap_block(runs, plan: StudyPlan, condition) -> str:
                                           base=full, family=d, alpha=plan.alpha, pairs=plan.planned)
         changes += found
         for c in found:        # what each test detects: the SD of its per-seed changes, Holm's alpha / m
-            per_seed = [groups[c.a, c.other][s] - groups[c.b, c.other][s] - groups[c.a, c.base][s]
-                        + groups[c.b, c.base][s] for s in groups[c.a, c.base]
-                        if all(s in groups[k] for k in ((c.a, c.other), (c.b, c.other), (c.b, c.base)))]
-            sd = float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else math.nan
             level = plan.alpha / len(found)
             detectable.append(f"- {d}, {init_label(c.a)} − {init_label(c.b)}, {condition(c.other)} vs "
-                              f"{condition(c.base)}: n = {len(per_seed)}, α = {level:.3g}, SD of the per-seed "
-                              f"change {sd:.2f}: detectable change "
-                              + _points(stats.min_detectable_difference(sd, len(per_seed), level)))
+                              f"{condition(c.base)}: n = {c.n}, α = {level:.3g}, SD of the per-seed "
+                              f"change {c.sd:.2f}: detectable change "
+                              + _points(stats.min_detectable_difference(c.sd, c.n, level)))
     if not changes:
         return ""
     return ("\n## Does each planned difference change as the data shrinks?\n\n"
