@@ -5,26 +5,46 @@
 #   ./run.sh verify [--against REV]   after repro: the same bytes as committed, or else the
 #                                     same conclusions and accuracies within tolerance
 #   ./run.sh <cmd> [args]             any command inside the project's environment
+#   ./run.sh help                     this text (also with no argument), before any set-up
 # The environment is a virtualenv in .venv (override with VENV=...), built on first use and
 # rebuilt when pyproject.toml changes. TORCH_SPEC picks the torch build to install.
 set -euo pipefail
 cd "$(dirname "$0")"
+usage() {
+  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+  cat <<'EOF'
+
+Needs: Python >= 3.10 with its venv module (Debian/Ubuntu: apt install python3-venv), git, and
+for `dvc exp run` a git identity (git config user.name / user.email). CPU-only machines can
+skip CUDA's wheels: TORCH_SPEC="torch==2.14.1 torchvision==0.29.1 --index-url
+https://download.pytorch.org/whl/cpu" ./run.sh repro (TORCH_SPEC counts when .venv is built:
+delete .venv to rebuild it).
+EOF
+}
+case "${1:-help}" in help|-h|--help) usage; exit 0 ;; esac   # before any set-up: answers at once
+# prerequisites, each with what to do (before minutes of set-up, not after)
+command -v python3 >/dev/null || { echo "run.sh: python3 not found: install Python >= 3.10" >&2; exit 2; }
+python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
+  { echo "run.sh: $(python3 --version 2>&1) found; structinit needs Python >= 3.10" >&2; exit 2; }
+command -v git >/dev/null || { echo "run.sh: git not found: install git (DVC needs it)" >&2; exit 2; }
 VENV=${VENV:-.venv}
 case "$VENV" in /*) ;; *) VENV="$PWD/$VENV" ;; esac   # absolute: PATH below must not depend on cwd
 TORCH_SPEC=${TORCH_SPEC:-"torch==2.14.1 torchvision==0.29.1"}
 if [ ! -f "$VENV/.structinit-installed" ] || [ pyproject.toml -nt "$VENV/.structinit-installed" ]; then
   echo "setting up $VENV (first run: a few minutes) ..." >&2
+  python3 -c 'import venv, ensurepip' 2>/dev/null ||
+    { echo "run.sh: Python's venv module is missing (Debian/Ubuntu: apt install python3-venv)" >&2; exit 2; }
   python3 -m venv "$VENV"
   # shellcheck disable=SC2086
   "$VENV/bin/pip" install -q --disable-pip-version-check $TORCH_SPEC
-  "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[test]'
+  "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[pipeline,test]'
   touch "$VENV/.structinit-installed"
 fi
-cmd=${1:-test}
-shift || true
+cmd=$1
+shift
 if [ "$cmd" = test ] && [ ! -f "$VENV/.structinit-scale-installed" -o "$VENV/.structinit-installed" -nt "$VENV/.structinit-scale-installed" ]; then
   # the tests also cover the optional scale-out extra (Ray); ./run.sh repro never needs it
-  if "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[test,scale]'; then
+  if "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[pipeline,test,scale]'; then
     touch "$VENV/.structinit-scale-installed"
   else   # tests/test_fanout.py then skips (fails under .ci/run, which requires it)
     echo "warning: could not install the scale extra (Ray); its tests will skip" >&2

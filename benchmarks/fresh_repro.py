@@ -91,7 +91,8 @@ def report(stages: list[tuple[str, float, str]], wall: float, head: str, target:
     device = "a CUDA GPU" if rec["cuda"] else f"{rec['cores']} CPU cores, no GPU"
     lines = [
         f"`dvc repro {target or ''}`".replace(" `", "`") + f" in a fresh clone of `{head}` "
-        f"(what a user's first `./run.sh repro` runs, on an empty DVC cache; the `.venv` set-up not counted): **{wall / 60:.1f} min** "
+        f"(what a user's first `./run.sh repro` runs, on an empty DVC cache; the `.venv` set-up "
+        f"not counted): **{wall / 60:.1f} min** "
         f"({wall:.0f} s wall).",
         "",
         f"Machine: {rec['cpu']} ({rec['cpu_id']}), {device}, {rec['threads']} threads, "

@@ -37,6 +37,10 @@ def parse_args():
                     help="the training stage's results folder: each seed's init.json must match the rebuild")
     ap.add_argument("--images", type=int, default=512, help="first N test images (default 512)")
     ap.add_argument("--out", required=True, help="folder of seed<s>.pt analyses")
+    ap.add_argument("--options", nargs=argparse.REMAINDER, default=[],
+                    help="a grid.variants cell's options as DVC renders them (--alpha 0.5 ...), last: "
+                         "they put the options in the stage's command, so DVC reruns the cell when they "
+                         "change; the options used are params.yaml's (grid.variants), the one source")
     a = ap.parse_args()
     try:
         method, kernel = parse_init(a.init)
@@ -84,7 +88,7 @@ def main(load_images=on_device_images):
         at_init = analyze_model(model, images, offsets=record["offsets"])
         weights = seed_dir(a.models, seed).with_suffix(".pt")
         model.load_state_dict(load_torch(weights, "trained weights: re-create them with dvc repro "
-                                                  f"-f {main_stage('train', a.dataset, a.init)}",
+                                                  f"-f {main_stage('train', a.dataset, a.init, params)}",
                                          map_location=device))
         trained = analyze_model(model, images, offsets=record["offsets"])
         to_cpu = lambda m: {k: v.cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731

@@ -21,9 +21,11 @@ def main():
     a = ap.parse_args()
     params = load_params()
     model_cfg = recipe(params, a.dataset)["model"]
-    spec = get_spec(a.dataset)
+    # your own dataset's image size is declared in params.yaml (checked against its files)
+    own = (params.get("own_datasets") or {}).get(a.dataset)
+    image_size = own["image_size"] if own else get_spec(a.dataset).image_size
     for seed in seeds_at(params, a.seeds_from):
-        sol = solve_impulse_qk(patch_grid_for(spec.image_size, model_cfg["patch_size"]),
+        sol = solve_impulse_qk(patch_grid_for(image_size, model_cfg["patch_size"]),
                                model_cfg["embed_dim"], model_cfg["num_heads"], model_cfg["depth"],
                                kernel=a.kernel, seed=seed, **impulse_options(params["solve"]))
         save_checked(seed_dir(a.out, seed).with_suffix(".pt"), without_timings(sol.to_dict()))

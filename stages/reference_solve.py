@@ -28,9 +28,11 @@ def main():
     params = load_params()
     model_cfg = recipe(params, a.dataset)["model"]
     opts = {k: params["solve"][k] for k in SHARED_WITH_PREOPTIMIZE}
-    spec = get_spec(a.dataset)
+    # your own dataset's image size is declared in params.yaml (checked against its files)
+    own = (params.get("own_datasets") or {}).get(a.dataset)
+    image_size = own["image_size"] if own else get_spec(a.dataset).image_size
     for seed in seeds_at(params, a.seeds_from):
-        sol = solve_impulse_qk(patch_grid_for(spec.image_size, model_cfg["patch_size"]), model_cfg["embed_dim"],
+        sol = solve_impulse_qk(patch_grid_for(image_size, model_cfg["patch_size"]), model_cfg["embed_dim"],
                                model_cfg["num_heads"], 1, kernel=a.kernel, seed=seed, solver="adam", **opts)
         info = sol.solver_info["layer0"]
         log_timings(seed_dir(a.record, seed), {"solve_seconds": sol.solve_seconds})

@@ -56,6 +56,10 @@ def parse_args():
     size.add_argument("--match-steps", action="store_true",
                       help="with --train-fraction: as many optimizer steps as the main grid's run "
                            "(epochs, warm-up and eval_every scaled: structinit/training/steps.py)")
+    vit.add_argument("--options", nargs=argparse.REMAINDER, default=[],
+                    help="a grid.variants cell's options as DVC renders them (--alpha 0.5 ...), last: "
+                         "they put the options in the stage's command, so DVC reruns the cell when they "
+                         "change; the options used are params.yaml's (grid.variants), the one source")
     a = ap.parse_args()
     a.method = a.kernel = None
     if a.init:              # a.init stays the cell's name ("impulse3"); initialize() takes method, kernel

@@ -2,7 +2,8 @@
 
 Where things are (one concern per folder):
     init/         THE STRUCTURED INIT and every other initializer, by name (initialize)
-                    registry.py  each initializer's function and options: the one place to add one
+                    methods/     one file per initializer (trunc_normal.py, ..., impulse.py): the place to add one
+                    registry.py  finds an initializer by name (loads methods/<name>.py on first use)
                     impulse.py   impulse targets, pseudo-inputs, the Q/K solve
                     solvers.py   the paper's Adam solver and the fast closed-form solver
     models/       create_vit (timm's VisionTransformer), ConvMixer filter modes

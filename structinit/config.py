@@ -4,7 +4,7 @@ ConvMixer study's, and the RandAugment policy string of a training recipe.
 params.yaml's schema (pipeline/params.py) checks a file against these, and the modules that
 act on them import them from here: ConvMixer filter modes, pseudo-inputs, offset orders,
 solvers, the structured init's solve options. (The training recipe is training/config.py;
-initializer names are init/registry.py's.)
+initializer names are init/methods/'s files.)
 """
 from __future__ import annotations
 

@@ -17,6 +17,8 @@ import sys
 import torch
 import torch.distributed as dist
 
+from structinit.errors import ConfigError
+
 NPROC_VAR = "STRUCTINIT_NPROC"                 # processes per cell (e.g. one per GPU)
 MICRO_BATCH_VAR = "STRUCTINIT_MICRO_BATCH"     # images per forward pass per process (streamed trainer)
 
@@ -28,8 +30,8 @@ def requested_processes(environ=os.environ) -> int:
     except ValueError:
         n = 0
     if n < 1:
-        raise SystemExit(f"{NPROC_VAR}={raw!r}: give a whole number of processes >= 1 "
-                         "(1 = this process alone; N = N processes, e.g. one per GPU)")
+        raise ConfigError(f"{NPROC_VAR}={raw!r}: give a whole number of processes >= 1 "
+                          "(1 = this process alone; N = N processes, e.g. one per GPU)")
     return n
 
 
@@ -40,7 +42,7 @@ def requested_micro_batch(environ=os.environ) -> int | None:
     if not raw:
         return None
     if not raw.isdigit() or int(raw) < 1:
-        raise SystemExit(f"{MICRO_BATCH_VAR}={raw!r}: give a whole number of images >= 1, or leave it unset")
+        raise ConfigError(f"{MICRO_BATCH_VAR}={raw!r}: give a whole number of images >= 1, or leave it unset")
     return int(raw)
 
 
@@ -59,8 +61,8 @@ def relaunch_under_torchrun(module: str, argv: list[str], environ=os.environ) ->
         return None
     gpus = torch.cuda.device_count()
     if gpus and n > gpus:
-        raise SystemExit(f"{NPROC_VAR}={n}: this machine has {gpus} visible GPU(s); ask for at most {gpus} "
-                         "processes (one per GPU)")
+        raise ConfigError(f"{NPROC_VAR}={n}: this machine has {gpus} visible GPU(s); ask for at most {gpus} "
+                          "processes (one per GPU)")
     import shlex
     import subprocess
 

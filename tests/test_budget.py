@@ -4,6 +4,7 @@ import pandas as pd
 import pytest
 
 from benchmarks.epochs import report
+from structinit.io import CorruptFileError
 from structinit.reporting.budget import (budget_finals, budget_sentence, budget_sentences, converged_budget,
                                          doubling_moves, read_budget_finals)
 
@@ -62,7 +63,7 @@ def test_reading_the_benchmark_file(tmp_path):
     curves().to_csv(path, index=False)
     assert set(read_budget_finals(path, ["digits", "cifar10"])) == {"digits"}
     curves().drop(columns="dataset").to_csv(path, index=False)
-    with pytest.raises(SystemExit, match="dataset, init, budget, seed, epoch, test_acc"):
+    with pytest.raises(CorruptFileError, match="dataset, init, budget, seed, epoch, test_acc"):
         read_budget_finals(path, ["digits"])
 
 

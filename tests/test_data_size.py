@@ -188,7 +188,8 @@ def test_report_states_sizes_steps_and_only_supported_conclusions(tmp_path, para
 
 def test_report_fails_naming_a_missing_run(tmp_path, params):
     _fake_study(tmp_path, params, skip=("digits-0.25-impulse3", 1))
-    with pytest.raises(SystemExit, match=r"missing results for 1 run\(s\).*digits-0.25-impulse3/seed1"):
+    # a FileNotFoundError to a caller (MissingFileError), an exit only in the stage (stages/common.run_stage)
+    with pytest.raises(FileNotFoundError, match=r"missing results for 1 run\(s\).*digits-0.25-impulse3/seed1"):
         data_size(params, tmp_path / "train", tmp_path / "studies", tmp_path / "out.md", tmp_path / "figs")
 
 

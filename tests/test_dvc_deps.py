@@ -11,6 +11,7 @@ import yaml
 from dvc.dependency.param import ParamsDependency
 
 import structinit
+from structinit.init.registry import SHIPPED
 from structinit.pipeline import cells
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,12 +85,12 @@ def import_closure(module: str) -> set[Path]:
     return files
 
 
-def resolved_stages() -> dict:
+def resolved_stages(root: Path = REPO) -> dict:
     """Every stage of dvc.yaml as DVC resolves it (matrix expanded): name -> Stage."""
     from dvc.repo import Repo
 
-    with Repo(str(REPO)) as repo:
-        return {s.addressing: s for s in repo.index.stages}
+    with Repo(str(root)) as repo:
+        return {s.name: s for s in repo.index.stages}
 
 
 @pytest.fixture(scope="module")
@@ -114,17 +115,66 @@ def deps_problems(deps: list[str], needed: set[str]) -> tuple[list[str], list[st
     return missing, unused
 
 
+def cell_method(init: str, params: dict | None = None) -> str:
+    """A cell's initializer method: its name's, or a grid.variants entry's `init`."""
+    params = params or yaml.safe_load((REPO / "params.yaml").read_text())
+    own = cells.variant(params, init)
+    return own["init"] if own else cells.parse_init(init)[0]
+
+
+STUDIES_WITH_INITS = ("study_heads_width@", "study_data_size@")   # an initializer per cell, any shipped one
+
+
+def needed_code(stage, params: dict | None = None) -> set[str]:
+    """What a stage runs: its script's import closure and, for a cell with an initializer, that
+    initializer's method file (registry.get_initializer imports init/methods/<name>.py by name,
+    which no import statement shows); a study stage runs any shipped initializer (check_params
+    keeps its list to them)."""
+    script = re.search(r"python -m (stages\.\w+)", stage.cmd)
+    assert script, f"{stage.name}: expected `python -m stages.<script>` in its cmd: {stage.cmd!r}"
+    needed = import_closure(script[1])
+    if stage.name == "check_params":      # the schema loads every method file to list them
+        methods = [p.stem for p in (REPO / "structinit/init/methods").glob("*.py") if p.stem != "__init__"]
+    elif stage.name.startswith(STUDIES_WITH_INITS):
+        methods = SHIPPED
+    elif init := re.search(r"--init (\S+)", stage.cmd):
+        methods = [cell_method(init[1], params)]
+    else:
+        methods = []
+    for method in methods:
+        needed |= import_closure(f"structinit.init.methods.{method}")
+    return needed
+
+
 def test_every_stage_depends_on_exactly_the_code_its_script_imports(stages):
     problems = []
     for name, stage in stages.items():
-        script = re.search(r"python -m (stages\.\w+)", stage.cmd)
-        assert script, f"{name}: expected `python -m stages.<script>` in its cmd: {stage.cmd!r}"
-        missing, unused = deps_problems([d.def_path for d in stage.deps], import_closure(script[1]))
+        missing, unused = deps_problems([d.def_path for d in stage.deps], needed_code(stage))
         if missing:
             problems.append(f"{name}: add to deps {missing}")
         if unused:
             problems.append(f"{name}: its script never imports {unused}: drop them from deps")
     assert not problems, "\n".join(problems)
+
+
+def test_a_cell_depends_on_its_own_initializer_file_and_no_other(stages):
+    # what makes adding or editing an initializer retrain its cells alone (test_edit_reruns.py
+    # shows it end to end): no training or analysis stage takes the methods folder whole
+    methods = "structinit/init/methods"
+    for name, stage in stages.items():
+        deps = {d.def_path.rstrip("/") for d in stage.deps}
+        own = {d for d in deps if d.startswith(methods + "/") and d != methods + "/__init__.py"}
+        if name == "check_params":          # it lists them all; its output never changes
+            assert methods in deps
+            continue
+        assert methods not in deps, name
+        init = re.search(r"--init (\S+)", stage.cmd)
+        if name.startswith(STUDIES_WITH_INITS):
+            assert own == {f"{methods}/{m}.py" for m in SHIPPED}, name
+        elif init:
+            assert own == {f"{methods}/{cell_method(init[1])}.py"}, name
+        else:
+            assert not own, name
 
 
 def test_the_closure_sees_function_level_imports_and_leaves_out_what_training_never_runs():
@@ -135,6 +185,7 @@ def test_the_closure_sees_function_level_imports_and_leaves_out_what_training_ne
     closure = import_closure("stages.train")
     assert {"structinit/data/tensors.py", "structinit/models/convmixer.py", "structinit/__init__.py",
             "stages/__init__.py", "structinit/init/impulse.py", "structinit/init/registry.py"} <= closure
+    assert not {f for f in closure if f.startswith("structinit/init/methods/")}   # loaded by name
     never = {"structinit/pipeline/params.py", "structinit/data/imagenet.py", "structinit/training/streamed.py",
              "structinit/reporting/tables.py", "structinit/reporting/presentation.py", "scale/fanout.py"}
     assert not never & closure
@@ -144,7 +195,7 @@ def test_the_closure_sees_function_level_imports_and_leaves_out_what_training_ne
 def test_deps_problems_reports_a_removed_module_and_an_extra_one(stages):
     # the check above can fail: a dep dropped from a real stage is missing, an extra module unused
     deps = [d.def_path for d in stages["check_params"].deps]
-    needed = import_closure("stages.check_params")
+    needed = needed_code(stages["check_params"])
     assert deps_problems(deps, needed) == ([], [])
     assert deps_problems([d for d in deps if d != "structinit/io.py"], needed) == (["structinit/io.py"], [])
     extra = "structinit/reporting/tables.py"
@@ -259,3 +310,26 @@ if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
         sys.exit("usage: python tests/test_dvc_deps.py --write   (rewrites dvc.yaml's code deps)")
     write_code_deps()
+
+
+def test_a_variant_cell_depends_on_its_initializer_file_and_its_options_are_in_its_command(tmp_path):
+    # grid.variants (a list of dicts: DVC numbers the matrix keys) in a copy of dvc.yaml
+    from dvc.repo import Repo
+
+    Repo.init(str(tmp_path), no_scm=True)
+    (tmp_path / "dvc.yaml").write_text((REPO / "dvc.yaml").read_text())
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["grid"]["variants"] = [{"name": "mimetic_a05", "init": "mimetic", "options": {"alpha": 0.5}},
+                                  {"name": "imp3_m30", "init": "impulse", "options": {"kernel": 3, "target_mass": 0.3}}]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    stages = resolved_stages(tmp_path)
+    train = stages["train_variant@digits-variant0"]
+    assert train.cmd.endswith("--options --alpha 0.5")      # a new value changes the command: a rerun
+    assert "results/train/digits-mimetic_a05" in {o.def_path for o in train.outs}
+    assert stages["analyze_variant@digits-variant1"].cmd.endswith("--kernel 3 --target_mass 0.3")
+    assert cells.main_stage("train", "digits", "imp3_m30", params) == "train_variant@digits-variant1"
+    for name in ("train_variant@digits-variant0", "analyze_variant@digits-variant1"):
+        stage = stages[name]
+        assert deps_problems([d.def_path for d in stage.deps], needed_code(stage, params)) == ([], []), name
+    own = {d.def_path for d in stages["train_variant@digits-variant1"].deps if "/methods/" in d.def_path}
+    assert own == {"structinit/init/methods/__init__.py", "structinit/init/methods/impulse.py"}

@@ -1,6 +1,7 @@
 """Deps follow results, end to end: in a temporary copy, after a tiny `dvc repro`, an edit re-runs
 the stages whose outputs it can change, and nothing else; a new initializer is one registration
 away from the grid."""
+import json
 import re
 
 import pytest
@@ -91,22 +92,54 @@ def test_a_trainer_edit_retrains_and_reanalyzes(small_repo):
     sh(repo, "dvc", "repro", "aggregate", "attention_report")
 
 
-def test_a_registered_initializer_joins_the_grid_with_one_entry(small_repo):
-    """docs/library.md's example, as written there: one registration, then dvc exp run -S."""
-    repo = small_repo
-    append(repo / "structinit/init/registry.py", '''
+ZERO_QK = '''"""timm's default, then Q and K zeroed: uniform attention at init."""
+from structinit.init.baselines import trunc_normal
+from structinit.init.registry import register_initializer
+
 
 @register_initializer("zero_qk")
 def _zero_qk(model, *, seed, generator):
-    """timm's default, then Q and K zeroed: uniform attention at init."""
     trunc_normal(model)
     for block in model.blocks:
         block.attn.qkv.weight[: 2 * model.embed_dim].zero_()
-''')
-    sh(repo, "git", "commit", "-qam", "zero_qk")
-    out = sh(repo, "dvc", "exp", "run", "-S", "grid.baselines=[trunc_normal,zero_qk]", "aggregate").stdout
-    assert "train_baseline@digits-zero_qk" in ran(out)
-    table = (repo / "reports/main_table.md").read_text()
-    assert "| zero_qk" in table                     # no presentation entry: shown by its name
+'''
+
+
+def commit_all(repo, message):
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "commit", "-qm", message)
+
+
+def test_an_initializer_costs_only_its_own_cells(small_repo):
+    """docs/library.md's example, as written there: one file, then dvc exp run -S trains its cells
+    and nothing else; editing the file retrains them and nothing else; an option swept with -S
+    (grid.variants) is one cell more and nothing else. The whole pipeline, studies included."""
+    repo = small_repo
+    sh(repo, "dvc", "repro")                           # every stage up to date first
+    commit_all(repo, "everything ran")
+    own = {"train_baseline@digits-zero_qk", "analyze_baseline@digits-zero_qk"}
+
+    (repo / "structinit/init/methods/zero_qk.py").write_text(ZERO_QK)
+    commit_all(repo, "zero_qk")
+    out = sh(repo, "dvc", "exp", "run", "-S", "grid.baselines=[trunc_normal,zero_qk]").stdout
+    assert expensive(ran(out)) == own
+    assert "| zero_qk" in (repo / "reports/main_table.md").read_text()   # no presentation entry: its name
     init = (repo / "results/train/digits-zero_qk/seed0/init.json").read_text()
     assert '"method": "zero_qk"' in init
+    commit_all(repo, "zero_qk ran")
+
+    append(repo / "structinit/init/methods/zero_qk.py", "        block.attn.qkv.bias[: 2 * model.embed_dim].zero_()\n")
+    out = sh(repo, "dvc", "repro").stdout
+    assert expensive(ran(out)) == own
+    commit_all(repo, "zero_qk edited")
+
+    # the structured init at another target mass: a cell of its own, solved in its stage
+    out = sh(repo, "dvc", "exp", "run", "-S", "grid.variants=[{name: imp3_m30, init: impulse, "
+             "options: {kernel: 3, target_mass: 0.3}}]").stdout
+    assert expensive(ran(out)) == {"train_variant@digits-variant0", "analyze_variant@digits-variant0"}
+    record = json.loads((repo / "results/train/digits-imp3_m30/seed0/init.json").read_text())
+    assert record["method"] == "impulse"
+    assert record["target_mass"] == pytest.approx(0.3, abs=1e-3)       # within the solve's tolerance
+    default = json.loads((repo / "results/train/digits-impulse3/seed0/init.json").read_text())
+    assert default["target_mass"] != pytest.approx(0.3)          # the default cell kept its own
+    assert "| imp3_m30" in (repo / "reports/main_table.md").read_text()

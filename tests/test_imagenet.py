@@ -10,7 +10,9 @@ import torch
 from ilsvrc_files import write_ilsvrc
 from structinit.training.config import TrainConfig
 from structinit.models import create_vit
-from structinit.distributed import DistributedContext, relaunch_under_torchrun, requested_processes
+from structinit.distributed import (DistributedContext, relaunch_under_torchrun, requested_micro_batch,
+                                   requested_processes)
+from structinit.errors import ConfigError
 from structinit.data.imagenet import (ImageNetLayoutError, check_root_matches, imagenet_datasets, scan_imagenet,
                                  train_loader)
 
@@ -167,8 +169,19 @@ def test_process_count_comes_from_the_environment():
     assert requested_processes({}) == 1
     assert requested_processes({"STRUCTINIT_NPROC": "4"}) == 4
     for bad in ("0", "two", "-1"):
-        with pytest.raises(SystemExit, match=f"STRUCTINIT_NPROC='{bad}': give a whole number"):
+        # the library raises (a caller may catch it as the ValueError it is); it never exits
+        with pytest.raises(ConfigError, match=f"STRUCTINIT_NPROC='{bad}': give a whole number") as error:
             requested_processes({"STRUCTINIT_NPROC": bad})
+        assert isinstance(error.value, ValueError)
+    assert requested_micro_batch({}) is None and requested_micro_batch({"STRUCTINIT_MICRO_BATCH": "64"}) == 64
+    with pytest.raises(ConfigError, match=r"STRUCTINIT_MICRO_BATCH='0': give a whole number of images >= 1"):
+        requested_micro_batch({"STRUCTINIT_MICRO_BATCH": "0"})
+    # a stage is what exits: one line with the message, no traceback
+    from stages.common import run_stage
+
+    with pytest.raises(SystemExit) as stage_exit:
+        run_stage(lambda: requested_processes({"STRUCTINIT_NPROC": "two"}))
+    assert str(stage_exit.value.code).startswith("error: STRUCTINIT_NPROC='two': give a whole number")
     # one process, or already a torchrun worker: carry on here
     assert relaunch_under_torchrun("stages.train", [], {"STRUCTINIT_NPROC": "1"}) is None
     assert relaunch_under_torchrun("stages.train", [], {"STRUCTINIT_NPROC": "2", "LOCAL_RANK": "0"}) is None

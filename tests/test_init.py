@@ -169,8 +169,41 @@ def test_bad_options_raise_clear_errors_before_touching_weights(method, opts, ms
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
-def test_class_token_model_is_rejected():
+def test_class_token_model_is_accepted_and_solved_on_the_grid():
+    """A class token used to be refused; now the solve covers the patch grid and the class token
+    gets no target (tests/test_timm_vits.py checks the maps)."""
     model = VisionTransformer(img_size=8, patch_size=1, in_chans=1, embed_dim=48, depth=1,
                               num_heads=3, class_token=True, global_pool="token")
-    with pytest.raises(ValueError, match="prefix token"):
+    rec = si.initialize(model, "impulse", kernel=3, seed=0, pos_embed="sincos")
+    plain = small_vit(depth=1)
+    assert rec.offsets == si.initialize(plain, "impulse", kernel=3, seed=0).offsets
+    qk = slice(0, 2 * 48)                                # the solved rows: Q and K
+    assert torch.equal(model.blocks[0].attn.qkv.weight[qk], plain.blocks[0].attn.qkv.weight[qk])
+
+
+def test_a_model_without_a_position_embedding_is_refused_by_the_structured_init():
+    model = VisionTransformer(img_size=8, patch_size=1, in_chans=1, embed_dim=48, depth=1,
+                              num_heads=3, class_token=False, global_pool="avg", pos_embed="none")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"no pos_embed \(pos_embed='none'\)"):
         si.initialize(model, "impulse")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_an_initializer_needs_no_no_grad_of_its_own():
+    """initialize runs the initializer under torch.no_grad(): writing into a slice of a
+    parameter works without a decorator (docs/library.md's example has none)."""
+    from structinit.init.registry import INITIALIZERS, register_initializer
+
+    @register_initializer("_test_zero_qk")
+    def _zero_qk(model, *, seed, generator):
+        for block in model.blocks:
+            block.attn.qkv.weight[: 2 * model.embed_dim].zero_()
+
+    try:
+        model = small_vit(depth=1)
+        si.initialize(model, "_test_zero_qk", seed=0)
+        assert not model.blocks[0].attn.qkv.weight[:96].any()
+        assert model.blocks[0].attn.qkv.weight[96:].any()
+    finally:
+        del INITIALIZERS["_test_zero_qk"]

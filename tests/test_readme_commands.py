@@ -1,8 +1,8 @@
 """The commands the README and the pages under docs/ show still work:
 
 - every `dvc exp run -S ...` passes params.yaml's checks (check_params would otherwise refuse
-  it before any stage runs), with the initializers a page registers (docs/library.md's
-  `# structinit/init/registry.py` snippet) registered first;
+  it before any stage runs), with the initializers a page adds (docs/library.md's
+  `# structinit/init/methods/<name>.py` snippet) registered first;
 - every `python -m <module>` names a module that exists, and every repository path they name
   exists (module paths moved in issue 25: the README's "Changes" line maps old to new).
 """
@@ -18,7 +18,7 @@ from structinit.pipeline.params import validate_params
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-REGISTRY_SNIPPET = "# structinit/init/registry.py"     # first line of a block to append to registry.py
+REGISTRY_SNIPPET = "# structinit/init/methods/"     # first line of a block that is a method file
 
 
 def page_name(page: Path) -> str:
@@ -30,9 +30,19 @@ def page_text(page: Path) -> str:
 
 
 def exp_runs(page: Path) -> list[str]:
-    """Each `dvc exp run` with a parameter to set (prose that only names the command is skipped)."""
+    """Each `dvc exp run` with a parameter to set (prose that only names the command is skipped),
+    but one that trains a page's own dataset: it needs that dataset's block and files, with which
+    tests/test_own_dataset.py checks it."""
     commands = (m.group(0).strip() for m in re.finditer(r"dvc exp run[^\n`#]*", page_text(page)))
-    return [c for c in commands if "=" in c]
+    own = documented_own_datasets()
+    return [c for c in commands if "=" in c and not own & set(re.findall(r"\w+", c))]
+
+
+def documented_own_datasets() -> set[str]:
+    """The names a page declares in its `<!-- own-dataset-params -->` block of params.yaml."""
+    blocks = (re.findall(r"<!-- own-dataset-params:.*?-->\n```yaml\n(.*?)```", page.read_text(), flags=re.S)
+              for page in PAGES)
+    return {name for found in blocks for block in found for name in yaml.safe_load(block)["own_datasets"]}
 
 
 def all_exp_runs() -> list:
@@ -63,13 +73,13 @@ def apply_overrides(params: dict, command: str) -> dict:
 
 @pytest.fixture
 def page_initializers():
-    """Run each page's registry.py snippet as if appended to registry.py; unregister after."""
+    """Run each page's method-file snippet as that file would run; unregister after."""
     from structinit.init import registry
 
-    before = set(registry.INITIALIZERS)
+    before = set(registry.load_all())        # the method files' own, which stay registered
     try:
         for block in registry_snippets():
-            exec(compile(block, "registry.py snippet", "exec"), dict(vars(registry)))
+            exec(compile(block, block.split("\n", 1)[0].lstrip("# "), "exec"), {})
         yield sorted(set(registry.INITIALIZERS) - before)
     finally:
         for name in set(registry.INITIALIZERS) - before:
@@ -132,9 +142,11 @@ def test_the_changes_line_maps_old_module_paths_to_existing_ones():
 
 
 def repo_paths() -> list:
+    """Every repository path a page names, but the files its snippets tell you to create."""
     pattern = r"(?<![\w./])((?:structinit|stages|scale|benchmarks|tests)/[\w./-]*[\w/])"
+    yours = {block.split("\n", 1)[0].removeprefix("# ").strip() for block in registry_snippets()}
     return [pytest.param(p, id=f"{page_name(page)}: {p}") for page in PAGES
-            for p in sorted(set(re.findall(pattern, page.read_text())))]
+            for p in sorted(set(re.findall(pattern, page.read_text())) - yours)]
 
 
 @pytest.mark.parametrize("path", repo_paths())

@@ -291,7 +291,9 @@ def test_a_study_report_fails_naming_a_missing_main_grid_run(tmp_path):
                       96.0 + seed * 0.1 + (mode == "impulse") * (0.2, -0.1, 0.0)[seed])
     import shutil
     shutil.rmtree(tmp_path / "train/digits-impulse3/seed4")
-    with pytest.raises(SystemExit, match=r"missing main-grid results for 1 run\(s\).*digits-impulse3/seed4"):
+    from structinit.io import MissingFileError
+
+    with pytest.raises(MissingFileError, match=r"missing main-grid results for 1 run\(s\).*digits-impulse3/seed4"):
         _report("convmixer", params, tmp_path)
 
 

@@ -99,3 +99,18 @@ def test_outputs_that_cannot_be_compared_fail(repo, monkeypatch, capsys):
     _write(repo, "dvc.lock", (repo / "dvc.lock").read_text().replace("aaa", "ddd"))
     v = verify(repo)
     assert not v.ok and v.cells_missing == ["results/train/digits-mimetic seed 1: only in the commit"]
+
+
+def test_a_commit_without_dvc_lock_is_an_error_to_a_caller_and_an_exit_from_the_command(repo, monkeypatch, capsys):
+    from structinit.io import MissingFileError
+
+    subprocess.run(["git", "rm", "-q", "--cached", "dvc.lock"], cwd=repo, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "no lock"],
+                   cwd=repo, check=True)
+    # the library function raises, so that a caller (a notebook, a script) can catch it
+    with pytest.raises(MissingFileError, match="^HEAD has no dvc.lock: nothing committed to compare with$"):
+        verify(repo)
+    # the command exits with that one line and no traceback
+    with pytest.raises(SystemExit) as stopped:
+        _verify_cli(repo, monkeypatch, capsys)
+    assert stopped.value.code == "error: HEAD has no dvc.lock: nothing committed to compare with"

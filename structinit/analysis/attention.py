@@ -9,14 +9,19 @@ from dataclasses import dataclass
 
 import torch
 
-from structinit.models.vit import check_structured_vit, patch_grid_of
+from structinit.models.vit import check_structured_vit, check_vit, patch_grid_of, position_tokens
 
 
 @dataclass
 class AttentionMaps:
+    """maps[l, h] is the patch-to-patch block of the attention map: queries and keys are the N
+    grid tokens. A model with prefix tokens (class, register) attends to them as well, so there
+    a row sums to 1 minus the mass its query puts on the prefix tokens (`prefix_mass`)."""
     maps: torch.Tensor          # (L, H, N, N), averaged over images when images were given
     patch_grid: tuple[int, int]
     offsets: list | None        # offsets[l][h] = (m, n), or None when unknown
+    prefix_mass: torch.Tensor | None = None   # (L, H) mean mass a patch query puts on the prefix
+                                              # tokens; None for a model without them
 
     def offset_mass(self) -> torch.Tensor:
         """(L, H, 2*gh-1, 2*gw-1): mean mass a query puts on the key at offset (m, n).
@@ -62,22 +67,27 @@ def attention_maps(model, images: torch.Tensor | None = None, offsets=None) -> A
     """Per-layer, per-head N x N attention maps.
 
     images=None: each block's attention on the pseudo-input, i.e. block.norm1 applied to the
-    model's position encoding (what the structured init was solved on). With images, the
-    maps each block computes in a real forward pass, averaged over the batch.
+    model's position encoding (what the structured init was solved on), with the prefix tokens
+    in front when the model has them (models.vit.position_tokens). With images, the maps each
+    block computes in a real forward pass, averaged over the batch.
     offsets: offsets[l][h] = (m, n) of each head's impulse (InitRecord.offsets), for target_mass().
     """
-    check_structured_vit(model)
-    maps = []
     if images is None:
-        pe = model.pos_embed                                   # (1, N, C)
-        for block in model.blocks:
-            maps.append(_block_attention(block.attn, block.norm1(pe))[0])
+        check_structured_vit(model)        # the pseudo-input is the model's position encoding
+        tokens = position_tokens(model)                         # (1, P + N, C)
+        full = [_block_attention(block.attn, block.norm1(tokens))[0] for block in model.blocks]
     else:
+        check_vit(model)
         inputs = []
         eval_forward_with_hooks(model, images, lambda block: block.attn.register_forward_pre_hook(
             lambda m, args: inputs.append(args[0])))
-        maps = [_block_attention(b.attn, x).mean(0) for b, x in zip(model.blocks, inputs)]
-    return AttentionMaps(torch.stack(maps).float(), patch_grid_of(model), offsets)
+        full = [_block_attention(b.attn, x).mean(0) for b, x in zip(model.blocks, inputs)]
+    full = torch.stack(full).float()                            # (L, H, P + N, P + N)
+    P = model.num_prefix_tokens
+    # The prefix tokens have no place on the grid: keep the patch-to-patch block, and say how
+    # much of each patch query's attention went to the prefix tokens instead.
+    prefix_mass = full[..., P:, :P].sum(-1).mean(-1) if P else None
+    return AttentionMaps(full[..., P:, P:], patch_grid_of(model), offsets, prefix_mass)
 
 
 def eval_forward_with_hooks(model, images: torch.Tensor, register) -> None:

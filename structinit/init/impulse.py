@@ -204,7 +204,9 @@ def apply_impulse_solution(model, solution: ImpulseSolution) -> None:
     """Write the solved Q_h^T / K_h into each block's fused qkv weight (3C x C).
 
     Rows [q | k | v]; head h owns rows h*r:(h+1)*r of the q and k blocks. qkv bias, V,
-    proj and everything else are left as they are.
+    proj and everything else are left as they are. The solve covers the patch grid alone;
+    a model's prefix tokens (class, register) go through the same W_q, W_k with no target
+    of their own (docs/library.md, "Which timm ViTs").
     """
     check_structured_vit(model)
     L, H, C, r = solution.q.shape

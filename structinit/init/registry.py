@@ -1,35 +1,44 @@
-"""Every initializer, by name: the one place the trainer reads. Adding one is one entry here.
+"""Every initializer, by name. Adding one is one file: `init/methods/<name>.py`.
 
 An initializer is a function `apply(model, *, seed, generator, **options)` that sets a timm
 VisionTransformer's weights in place, given the options it accepts. `initialize` (init/__init__.py)
-calls it inside a forked RNG seeded by the run's seed, after every module has received
-PyTorch's defaults, so no weight depends on the caller's RNG; `generator` is seeded the same way.
-It may return a dict of facts to record (InitRecord fields: options, offsets, ...) or None.
+calls it inside a forked RNG seeded by the run's seed and under `torch.no_grad()`, after every
+module has received PyTorch's defaults, so no weight depends on the caller's RNG; `generator`
+is seeded the same way. It may return a dict of facts to record (InitRecord fields: options,
+offsets, ...) or None.
 
-How the reports show an initializer (label, colour, the paper's row) is separate:
-structinit/reporting/presentation.py. A name there is optional: an unlisted initializer is
-shown by its name, so a label edit never touches what trains.
+The pipeline finds initializer X in `init/methods/X.py` (imported on first use, so that a
+cell depends on its own initializer's file and on no other's: methods/__init__.py). A script
+or notebook may also register one anywhere, for `initialize` alone:
 
+    # structinit/init/methods/zero_qk.py   then: dvc exp run -S 'grid.baselines=[...,zero_qk]'
+    from structinit.init.baselines import trunc_normal
     from structinit.init.registry import register_initializer
 
-    @register_initializer("zero_qk")              # then: dvc exp run -S 'grid.baselines=[...,zero_qk]'
+    @register_initializer("zero_qk")
     def zero_qk(model, *, seed, generator):
         trunc_normal(model)
         for block in model.blocks:
             block.attn.qkv.weight[: 2 * model.embed_dim].zero_()
+
+How the reports show an initializer (label, colour, the paper's row) is separate:
+structinit/reporting/presentation.py. A name there is optional: an unlisted initializer is
+shown by its name, so a label edit never touches what trains.
 """
 from __future__ import annotations
 
-import inspect
+import importlib
+from collections.abc import Set
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
-from structinit.config import IMPULSE_SOLVE_OPTIONS
-from structinit.init import solvers
-from structinit.init.baselines import trunc_normal
-from structinit.init.impulse import apply_impulse_solution, check_impulse_options, solve_impulse_qk
-from structinit.init.mimetic import mimetic
-from structinit.models.vit import patch_grid_of
+METHODS_PACKAGE = "structinit.init.methods"
+# The initializers this repository ships (the paper's, and the confound arm). The studies'
+# stages depend on exactly these files (a study's list mixes impulse<k> with names, which
+# dvc.yaml's templates cannot map to one file each), so check_params keeps a study to them.
+SHIPPED = ("impulse", "kaiming_uniform", "mimetic", "mimetic_qk", "trunc_normal")
+METHODS_DIR = Path(__file__).resolve().parent / "methods"
 
 
 @dataclass(frozen=True)
@@ -41,7 +50,7 @@ class Initializer:
     check: Callable | None = None   # check(model, **options): ValueError before any weight is set
 
 
-INITIALIZERS: dict[str, Initializer] = {}
+INITIALIZERS: dict[str, Initializer] = {}     # those registered so far (methods load on first use)
 
 
 def register_initializer(name: str, *, options: tuple[str, ...] | Callable = (), takes_kernel: bool = False,
@@ -60,71 +69,56 @@ def register_initializer(name: str, *, options: tuple[str, ...] | Callable = (),
     return add
 
 
+def method_names() -> list[str]:
+    """The initializers that have a file in init/methods/ (what the pipeline can train), sorted."""
+    return sorted(p.stem for p in METHODS_DIR.glob("*.py") if p.stem != "__init__")
+
+
+def available() -> list[str]:
+    """Every initializer `get_initializer` can return: the method files', and any registered
+    elsewhere in this process."""
+    return sorted(set(method_names()) | set(INITIALIZERS))
+
+
 def get_initializer(name: str) -> Initializer:
+    """The initializer `name`: registered already, or loaded from init/methods/<name>.py."""
+    if name not in INITIALIZERS and name.isidentifier() and (METHODS_DIR / f"{name}.py").exists():
+        module = importlib.import_module(f"{METHODS_PACKAGE}.{name}")
+        if name not in INITIALIZERS:        # imported before, then unregistered (a test's cleanup)
+            module = importlib.reload(module)
+        if name not in INITIALIZERS:
+            raise ValueError(f"{module.__file__} registers no initializer {name!r}: a method file "
+                             f"registers the initializer it is named after (@register_initializer({name!r}))")
     if name not in INITIALIZERS:
-        raise ValueError(f"unknown init method {name!r}; choose one of {tuple(INITIALIZERS)}")
+        raise ValueError(f"unknown init method {name!r}; choose one of {available()}")
     return INITIALIZERS[name]
+
+
+def load_all() -> dict[str, Initializer]:
+    """Every method file's initializer loaded (for listings and checks; the trainer loads one)."""
+    for name in method_names():
+        get_initializer(name)
+    return INITIALIZERS
 
 
 def allowed_options(init: Initializer, options: dict) -> tuple[str, ...]:
     return init.options(options) if callable(init.options) else init.options
 
 
-# ---- the paper's initializers ---------------------------------------------------------------
+class _Names(Set):
+    """A live view of available(): an initializer added later is listed too."""
+    def __contains__(self, name) -> bool:
+        return name in available()
 
-@register_initializer("trunc_normal")
-def _trunc_normal(model, *, seed, generator):
-    """timm's default (baselines.py)."""
-    trunc_normal(model)
+    def __iter__(self):
+        return iter(available())
 
+    def __len__(self) -> int:
+        return len(available())
 
-@register_initializer("kaiming_uniform")
-def _kaiming_uniform(model, *, seed, generator):
-    """PyTorch's module defaults: what every module already holds."""
-
-
-@register_initializer("mimetic", options=("alpha", "beta", "alpha_v", "beta_v"))
-def _mimetic(model, *, seed, generator, **options):
-    """Trockman & Kolter 2023 (mimetic.py), on top of timm's default."""
-    trunc_normal(model)
-    mimetic(model, generator, **options)
+    def __repr__(self) -> str:
+        return f"METHODS{available()}"
 
 
-@register_initializer("mimetic_qk", options=("alpha", "beta"))
-def _mimetic_qk(model, *, seed, generator, **options):
-    """Beyond the paper: Mimetic's Q/K alone, V/proj left at timm's default (the confound arm:
-    the structured init touches only Q/K). Same Q/K as "mimetic" at the same seed."""
-    trunc_normal(model)
-    mimetic(model, generator, value_proj=False, **options)
+METHODS = _Names()
 
-
-def _impulse_options(options: dict) -> tuple[str, ...]:
-    """kernel, the solve's options (config.IMPULSE_SOLVE_OPTIONS), a ready `solution`, and the
-    chosen solver's own keyword options (solvers.py)."""
-    solver = options.get("solver", "closed_form")
-    fn = solvers.SOLVERS.get(solver)
-    if fn is None:
-        raise ValueError(f"unknown solver {solver!r}; choose one of {tuple(solvers.SOLVERS)}")
-    return ("kernel", *IMPULSE_SOLVE_OPTIONS, "solution",
-            *(p.name for p in inspect.signature(fn).parameters.values()
-              if p.kind is p.KEYWORD_ONLY and p.name not in ("head_dim", "scale", "generator")))
-
-
-def _check_impulse(model, *, solution=None, **options) -> None:
-    if solution is None:      # a bad kernel / pseudo-input / solver fails before the solve
-        check_impulse_options(patch_grid_of(model), model.embed_dim, model.blocks[0].attn.num_heads, **options)
-
-
-@register_initializer("impulse", options=_impulse_options, takes_kernel=True, check=_check_impulse)
-def _impulse(model, *, seed, generator, solution=None, **options):
-    """The structured init (impulse.py, solvers.py) on top of timm's default: each head's Q/K
-    from a solve (or a ready `solution`, e.g. a preoptimize artifact)."""
-    trunc_normal(model)
-    if solution is None:
-        blocks = model.blocks
-        solution = solve_impulse_qk(patch_grid_of(model), model.embed_dim, blocks[0].attn.num_heads,
-                                    len(blocks), seed=seed, **options)
-    apply_impulse_solution(model, solution)
-    return {"options": solution.options, "offsets": solution.offsets, "solve_seconds": solution.solve_seconds,
-            "fit_mse": solution.fit_mse, "target_mass": solution.target_mass,
-            "solver_info": {k: v for k, v in solution.solver_info["layer0"].items() if k != "loss_history"}}

@@ -2,8 +2,10 @@
 
 No class token, global average pooling with LayerNorm *after* pooling (timm's `fc_norm`),
 qkv bias, and a fixed (non-trained) 2-D sin-cos positional encoding with no class slot.
-The structured init needs average pooling: with a class token, row 0 of every attention map
-would belong to a token that has no grid position, so no impulse target exists for it.
+
+The library also takes other timm ViTs (class token, register tokens, a learned encoding):
+`check_vit` and `check_structured_vit` say what each initializer needs, docs/library.md
+("Which timm ViTs") what the structured init does with the prefix tokens.
 """
 from __future__ import annotations
 
@@ -55,26 +57,121 @@ def patch_grid_of(model: VisionTransformer) -> tuple[int, int]:
     return tuple(model.patch_embed.grid_size)
 
 
-def reset_position_encoding(model: VisionTransformer) -> None:
-    """Write the fixed sin-cos encoding into `pos_embed` and freeze it.
+def prefix_token_parameters(model: VisionTransformer) -> dict[str, torch.nn.Parameter]:
+    """The model's learned prefix tokens by name: `cls_token`, `reg_token` (register tokens),
+    `dist_token` (DeiT's distillation token); empty for the paper's ViT."""
+    return {name: p for name, p in model.named_parameters(recurse=False) if name.endswith("_token")}
 
-    Every initializer calls this last, so no re-init (timm's or PyTorch's) can leave a
-    random or trainable encoding behind.
+
+def patch_position_slots(model: VisionTransformer) -> torch.Tensor:
+    """The part of `pos_embed` that holds the patch grid's positions, (1, N, C), a view.
+
+    timm either keeps no slot for the prefix tokens (no_embed_class=True, the paper's ViT and
+    DeiT-3) or puts one slot per prefix token in front of the patch slots (its default)."""
+    skip = 0 if model.no_embed_class else model.num_prefix_tokens
+    return model.pos_embed[:, skip:]
+
+
+def is_sincos_position_encoding(model: VisionTransformer) -> bool:
+    """Whether `pos_embed` holds exactly what `write_sincos_position_encoding` writes (False for
+    a model that cannot hold it: a width not a multiple of 4, or not one slot per patch)."""
+    if model.pos_embed is None or model.embed_dim % 4 \
+            or patch_position_slots(model).shape[1] != model.patch_embed.num_patches:
+        return False
+    pe = sincos_position_encoding(patch_grid_of(model), model.embed_dim).unsqueeze(0).to(model.pos_embed)
+    prefix = model.pos_embed[:, :model.pos_embed.shape[1] - pe.shape[1]]
+    return bool(torch.equal(patch_position_slots(model), pe) and not prefix.any())
+
+
+def position_tokens(model: VisionTransformer) -> torch.Tensor:
+    """(1, P + N, C): the tokens the first block receives when every patch embeds to zero:
+    the P prefix tokens, then the patch grid's position encoding (norm_pre applied, if the
+    model has one). The pseudo-input `attention_maps` shows each block, prefix tokens included.
+
+    timm's own `_pos_embed` assembles them, so every layout (class/register/distillation
+    tokens, with or without their own encoding slots) comes out as the model's forward builds
+    it; eval mode switches off the position dropout.
     """
-    check_structured_vit(model)
+    H, W = patch_grid_of(model)
+    zeros = torch.zeros(1, H, W, model.embed_dim, dtype=model.pos_embed.dtype, device=model.pos_embed.device)
+    was_training = model.training
+    try:
+        model.eval()
+        x = model._pos_embed(zeros if model.dynamic_img_size else zeros.flatten(1, 2))
+        return model.norm_pre(x)
+    finally:
+        model.train(was_training)
+
+
+def write_sincos_position_encoding(model: VisionTransformer) -> None:
+    """Write the fixed sin-cos encoding into `pos_embed`'s patch slots and zeros into its
+    prefix-token slots (when it has any); whether it trains (requires_grad) is left alone.
+
+    Zero prefix slots leave a prefix token as the token itself: the sin-cos encoding gives a
+    position only to the grid, and the structured init solves on the grid alone.
+    """
+    check_sincos_slots(model)
     pe = sincos_position_encoding(patch_grid_of(model), model.embed_dim)  # (N, C)
     with torch.no_grad():
-        model.pos_embed.copy_(pe.unsqueeze(0).to(model.pos_embed))
+        model.pos_embed.zero_()
+        patch_position_slots(model).copy_(pe.unsqueeze(0).to(model.pos_embed))
+
+
+def reset_position_encoding(model: VisionTransformer) -> None:
+    """Write the fixed sin-cos encoding into `pos_embed` and freeze it: the paper's ViT
+    (`create_vit`). `initialize` never changes whether an encoding trains."""
+    write_sincos_position_encoding(model)
     model.pos_embed.requires_grad_(False)
 
 
-def check_structured_vit(model) -> None:
-    """Raise a clear error for a model the structured init cannot handle."""
+def check_vit(model) -> None:
+    """Raise a clear error for a model no initializer can handle: every initializer here writes
+    each block's fused qkv projection (rows [q | k | v]), as timm's Block/Attention have it."""
     if not isinstance(model, VisionTransformer):
-        raise TypeError(f"expected a timm VisionTransformer, got {type(model).__name__}")
-    if model.cls_token is not None or model.num_prefix_tokens:
-        raise ValueError(
-            f"model has {model.num_prefix_tokens} prefix token(s) (class/register tokens); the "
-            "structured init needs a model without them: class_token=False, global_pool='avg'")
-    if model.pos_embed is None or model.pos_embed.shape[1] != model.patch_embed.num_patches:
-        raise ValueError("model needs a pos_embed with one slot per patch (no_embed_class=True)")
+        raise TypeError(f"expected a timm VisionTransformer, got {type(model).__name__}: build one "
+                        "with timm.create_model('vit_...') or structinit.create_vit")
+    C = model.embed_dim
+    for i, block in enumerate(model.blocks):
+        attn = getattr(block, "attn", None)
+        qkv = getattr(attn, "qkv", None)
+        if not isinstance(qkv, torch.nn.Linear) or tuple(qkv.weight.shape) != (3 * C, C):
+            raise ValueError(
+                f"block {i} ({type(block).__name__}) has no fused qkv Linear of shape ({3 * C}, {C}) "
+                "at block.attn.qkv: the initializers need timm's Block with its Attention "
+                "(block_fn=Block), not a parallel or separate-q/k/v block")
+
+
+def check_sincos_slots(model) -> None:
+    """Raise a clear error for a model that cannot hold the 2-D sin-cos encoding."""
+    check_vit(model)
+    if model.pos_embed is None:
+        raise ValueError("model has no pos_embed (pos_embed='none'): the sin-cos encoding, which "
+                         "the structured init solves against, goes into an absolute position "
+                         "embedding on the patch grid; build the model with pos_embed='learn'")
+    N = model.patch_embed.num_patches
+    expected = N if model.no_embed_class else N + model.num_prefix_tokens
+    if model.pos_embed.shape[1] != expected:
+        raise ValueError(f"pos_embed has {model.pos_embed.shape[1]} slots; expected {expected} "
+                         f"({N} patches, {model.num_prefix_tokens} prefix token(s), "
+                         f"no_embed_class={model.no_embed_class})")
+    if model.embed_dim % 4:
+        raise ValueError(f"embed_dim={model.embed_dim}: a 2-D sin-cos encoding needs a multiple of 4")
+
+
+def check_structured_vit(model) -> None:
+    """Raise a clear error for a model the structured init cannot handle (check_vit, and the
+    assumptions of the solve: docs/library.md, "Which timm ViTs")."""
+    check_sincos_slots(model)
+    for i, block in enumerate(model.blocks):
+        attn = block.attn
+        if not isinstance(getattr(block, "norm1", None), torch.nn.LayerNorm):
+            raise ValueError(f"block {i}: norm1 is {type(getattr(block, 'norm1', None)).__name__}; the "
+                             "pseudo-input is layer-normalized, so the structured init needs LayerNorm blocks")
+        if any(not isinstance(getattr(attn, name, torch.nn.Identity()), torch.nn.Identity)
+               for name in ("q_norm", "k_norm")):
+            raise ValueError(f"block {i}: qk_norm=True; the structured init solves for plain q.k "
+                             "logits, so it needs qk_norm=False")
+        head_dim = model.embed_dim // attn.num_heads
+        if getattr(attn, "scale", head_dim ** -0.5) != head_dim ** -0.5:
+            raise ValueError(f"block {i}: attention scale {attn.scale}; the solve assumes "
+                             f"head_dim ** -0.5 = {head_dim ** -0.5}")

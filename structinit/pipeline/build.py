@@ -10,7 +10,7 @@ from structinit.config import IMPULSE_SOLVE_OPTIONS
 from structinit.data.specs import DatasetSpec
 from structinit.errors import StructinitError
 from structinit.models.vit import create_vit
-from structinit.pipeline.cells import IMPULSE, parse_init, parse_pseudo_variant, seed_dir, solve_stage
+from structinit.pipeline.cells import IMPULSE, parse_init, parse_pseudo_variant, seed_dir, solve_stage, variant
 
 
 def build_model(model_cfg: dict, spec: DatasetSpec):
@@ -67,6 +67,9 @@ def build_cell_model(cell: CellModel, params: dict, spec: DatasetSpec, seed: int
     from structinit.init import initialize
 
     method, kernel = parse_init(cell.init)
+    own = variant(params, cell.init)       # grid.variants: an initializer at other options
+    if own is not None:
+        method, kernel = own["init"], own["options"].get("kernel")
     model_cfg = dict(params["recipes"][cell.dataset]["model"])
     if cell.shape:
         shapes = params["model_shapes"]
@@ -82,6 +85,8 @@ def build_cell_model(cell: CellModel, params: dict, spec: DatasetSpec, seed: int
         else:
             options = {**impulse_options(params["solve"]), "kernel": kernel,
                        **(parse_pseudo_variant(cell.pseudo) if cell.pseudo else {})}
+    if own is not None:                    # the variant's options over the defaults (impulse: over solve)
+        options.update(own["options"])
     model = build_model(model_cfg, spec)
     record = initialize(model, method, seed=seed, **options)
     return model, {"model": "vit", **model_cfg, **record.to_dict()}

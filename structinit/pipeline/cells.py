@@ -11,7 +11,7 @@ their output folders (tests/test_dvc_deps.py checks that the two agree):
     data_size      <dataset>-<fraction>-<init>      digits-0.1-mimetic
 
 An initializer name is a kernel-independent one (trunc_normal, kaiming_uniform, mimetic, or any
-registered in init/registry.py) or impulse<k>, the structured init with a k x k kernel. Which
+with a file in init/methods/) or impulse<k>, the structured init with a k x k kernel. Which
 names exist is the registry's business (the params schema checks them); this module only
 names cells, and stays torch-free for the report stages.
 """
@@ -84,9 +84,36 @@ def main_variant(params: dict) -> str:
 # ---- the cells params.yaml asks for ---------------------------------------------------------
 
 def main_inits(params: dict) -> list[str]:
-    """The main grid's initializers, in table order: grid.baselines, then impulse<k> per grid.kernels."""
+    """The main grid's initializers, in table order: grid.baselines, grid.variants' names, then
+    impulse<k> per grid.kernels."""
     grid = params["grid"]
-    return list(grid["baselines"]) + [impulse_init(k) for k in grid["kernels"]]
+    return (list(grid["baselines"]) + [v["name"] for v in grid.get("variants") or []]
+            + [impulse_init(k) for k in grid["kernels"]])
+
+
+# ---- variants: an initializer at other options, a cell of its own ---------------------------
+
+def variant(params: dict, init: str) -> dict | None:
+    """grid.variants' entry named `init` ({"name", "init", "options"}), or None."""
+    return next((v for v in params["grid"].get("variants") or [] if v["name"] == init), None)
+
+
+def check_variant(name: str, init: str, options: dict, kernel_free: list[str]) -> None:
+    """A variant's name is a new cell name (no registered initializer's, no impulse<k>); its
+    init is a method file's name; ValueError naming what is allowed."""
+    if not name.isidentifier() or name.startswith(IMPULSE) or name in kernel_free:
+        raise ValueError(f"variant name {name!r}: letters, digits and underscores, not a registered "
+                         f"initializer's ({kernel_free}) and not starting with {IMPULSE!r}: it names the cell")
+    if init != IMPULSE and init not in kernel_free:
+        raise ValueError(f"variant {name!r}: init {init!r} is not an initializer; allowed: "
+                         f"{kernel_free + [IMPULSE]} (the structured init: init: {IMPULSE}, options.kernel)")
+
+
+def main_variant_stage(params: dict, stage: str, dataset: str, init: str) -> str | None:
+    """DVC's address of a variant cell's stage (matrix items that are dicts are numbered):
+    train_variant@digits-variant0; None when `init` is no variant."""
+    names = [v["name"] for v in params["grid"].get("variants") or []]
+    return f"{stage}_variant@{dataset}-variant{names.index(init)}" if init in names else None
 
 
 def main_cell(dataset: str, init: str) -> str:
@@ -96,14 +123,17 @@ def main_cell(dataset: str, init: str) -> str:
 MAIN_STAGES = ("train", "analyze")       # dvc.yaml's stages with one cell of the main grid each
 
 
-def main_stage(stage: str, dataset: str, init: str) -> str:
+def main_stage(stage: str, dataset: str, init: str, params: dict | None = None) -> str:
     """DVC's exact address of the stage that makes a main-grid cell, for `dvc repro -f`:
     main_stage("train", "digits", "impulse3") == "train_impulse@digits-3". dvc.yaml splits each
     of MAIN_STAGES into <stage>_baseline (matrix key <dataset>-<init>) and <stage>_impulse (key
     <dataset>-<kernel>), so an address is not <stage>@<cell> and DVC takes no wildcard there.
-    A dataset read from a local folder has its own templates: train_streamed_impulse@imagenet-3."""
+    A dataset read from a local folder has its own templates: train_streamed_impulse@imagenet-3.
+    A variant (grid.variants, so `params` is needed) is <stage>_variant@<dataset>-variant<i>."""
     if stage not in MAIN_STAGES:
         raise ValueError(f"stage {stage!r}: the main grid's stages are {MAIN_STAGES}")
+    if params is not None and (address := main_variant_stage(params, stage, dataset, init)):
+        return address
     method, kernel = parse_init(init)
     template = f"{stage}_streamed" if dataset in STREAMED else stage
     if method == IMPULSE:

@@ -16,7 +16,7 @@ import dataclasses
 import re
 import typing
 from pathlib import Path
-from typing import Annotated, Literal, Optional
+from typing import Any, Annotated, Literal, Optional
 
 import yaml
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator,
@@ -27,6 +27,7 @@ from structinit.pipeline.cells import impulse_init, impulse_kernel, parse_pseudo
 from structinit.config import (FILTER_MODES, OFFSET_ORDERS, PSEUDO_INPUTS, SOLVER_NAMES, check_kernel,
                                patch_grid_for)
 from structinit.training.config import TrainConfig
+from structinit.data import own
 from structinit.data.specs import DATASETS, STREAMED, TRAIN_IMAGES
 from structinit.errors import StructinitError
 from structinit.training.steps import subset_size
@@ -53,13 +54,50 @@ def _unique(values: list) -> list:
     return values
 
 
+class Variant(_Section):
+    """An initializer at options other than its defaults: a cell of its own, named `name`."""
+    name: str
+    init: str                            # a method file's name (init/methods/<init>.py); impulse: options.kernel
+    options: Annotated[dict[str, Any], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _known(self):
+        cells.check_variant(self.name, self.init, self.options, _kernel_free_initializers())
+        from structinit.init.registry import allowed_options, get_initializer
+
+        init = get_initializer(self.init)
+        allowed = [o for o in allowed_options(init, self.options) if o != "solution"]
+        unknown = sorted(set(self.options) - set(allowed))
+        if unknown:
+            raise ValueError(f"variant {self.name!r}: unknown option(s) {unknown} for {self.init!r}; "
+                             f"allowed: {allowed}")
+        if init.takes_kernel and not isinstance(self.options.get("kernel"), int):
+            raise ValueError(f"variant {self.name!r}: {self.init!r} needs options.kernel (a whole number, "
+                             f"e.g. 3), got {self.options.get('kernel')!r}")
+        return self
+
+
 class Grid(_Section):
-    datasets: list[Dataset]
+    datasets: list[str]                       # built-in (DATASETS) or own_datasets' names: _dataset_problems
     streamed_datasets: list[Dataset] = []     # read from a local folder (ImageNet): own stage templates
     baselines: list[Annotated[str, AfterValidator(lambda name: _kernel_free(name))]]
+    variants: list[Variant] = []              # an initializer at other options, a cell each (docs/library.md)
     kernels: Annotated[list[PosInt], Field(min_length=1)]
     seeds: Seeds
     _unique = field_validator("datasets", "streamed_datasets", "baselines", "kernels", "seeds")(_unique)
+
+    @model_validator(mode="after")
+    def _variant_names(self):
+        names = [v.name for v in self.variants]
+        _unique(names)
+        clash = sorted(set(names) & set(self.baselines))
+        if clash:
+            raise ValueError(f"variants {clash} are named like a baseline: a variant's name is its own cell's")
+        if self.variants and self.streamed_datasets:
+            raise ValueError("grid.variants train on grid.datasets only; the streamed datasets' "
+                             f"templates have none yet: empty grid.variants or grid.streamed_datasets "
+                             f"(now {self.streamed_datasets})")
+        return self
 
 
 class ClosedForm(_Section):              # keyword options of init/solvers.solve_qk_closed_form
@@ -122,6 +160,12 @@ class Data(_Section):
 class LocalDatasets(_Section):           # datasets read from a local directory (datasets.STREAMED)
     imagenet: Optional[str] = None
     imagenet_require_full: bool = True   # false: a copy with fewer images than ILSVRC-2012 only warns
+
+
+class OwnDataset(_Section):             # your own dataset, read from datasets/<name>/ (data/own.py)
+    image_size: PosInt                   # what the model is built for, declared so that every stage
+    channels: Literal[1, 3]              # knows it before the files are read; checked against them
+    num_classes: Annotated[int, Field(ge=2)]
 
 
 class VitModel(_Section):                # create_vit's shape arguments
@@ -211,27 +255,35 @@ class PseudoInputStudy(_Section):
 
 
 def _kernel_free_initializers() -> list[str]:
-    """The registered initializers a grid lists by name (init/registry.py; imports torch)."""
-    from structinit.init.registry import INITIALIZERS
+    """The initializers a grid lists by name: every file in init/methods/ (imports torch)."""
+    from structinit.init.registry import load_all
 
-    return [name for name, init in INITIALIZERS.items() if not init.takes_kernel]
+    return [name for name, init in sorted(load_all().items()) if not init.takes_kernel]
 
 
 def _kernel_free(name: str) -> str:
     kernel_free = _kernel_free_initializers()
     if name not in kernel_free:
         raise ValueError(f"not a registered kernel-independent initializer; allowed: {kernel_free} "
-                         "(the structured init's rows are grid.kernels)")
+                         "(the structured init's rows are grid.kernels; a new one is a file "
+                         "structinit/init/methods/<name>.py: docs/library.md)")
     return name
 
 
 def _initializers(inits: list) -> list:
-    kernel_free = _kernel_free_initializers()
+    """A study's initializers: the shipped ones (registry.SHIPPED) or impulse<k>. The study's
+    stages depend on those files alone, so a study cell of another initializer would not be
+    retrained when its file changes."""
+    from structinit.init.registry import SHIPPED
+
+    shipped = [n for n in SHIPPED if n != cells.IMPULSE]
     for name in inits:
         method, _ = cells.parse_init(name)          # its ValueError names what is allowed
-        if method != cells.IMPULSE and method not in kernel_free:
-            raise ValueError(f"{name!r} is not an initializer; allowed: {kernel_free} "
-                             f"or {cells.IMPULSE}<k> (the structured init, e.g. {cells.impulse_init(3)})")
+        if method != cells.IMPULSE and method not in shipped:
+            raise ValueError(f"{name!r}: a study trains the shipped initializers {shipped} or "
+                             f"{cells.IMPULSE}<k> (the structured init, e.g. {cells.impulse_init(3)}); "
+                             "a study stage depends on those files alone: to study another one, add its "
+                             "file to dvc.yaml's &study_deps and its name to registry.SHIPPED")
     return inits
 
 
@@ -284,18 +336,23 @@ class Params(_Section):
     contrasts: Contrasts
     solve: Solve
     data: Data
-    recipes: dict[Dataset, Recipe]
+    recipes: dict[str, Recipe]           # a key per dataset: built-in or own_datasets' (_dataset_problems)
     studies: Studies
     convmixer_sizes: dict[str, ConvmixerSize]
     model_shapes: dict[str, ShapeOverride]
     local_datasets: LocalDatasets = LocalDatasets()
+    own_datasets: dict[str, OwnDataset] = {}
 
 
 # ---- the rules across keys -------------------------------------------------------------------
 
-def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
-    """[(key path, value, what is wrong and what is allowed)] for rules that span keys."""
-    out = []
+def _cross_field_problems(p: Params, root: str | Path = ".") -> list[tuple[str, object, str]]:
+    """[(key path, value, what is wrong and what is allowed)] for rules that span keys; `root`
+    holds datasets/<name>/ (your own datasets' files)."""
+    out, train_images = _dataset_problems(p, root)
+    specs = {**p.own_datasets, **DATASETS}          # your declaration or a built-in spec (a clash is refused)
+    image = {d: v.image_size for d, v in specs.items()}
+    classes = {d: v.num_classes for d, v in specs.items()}
     g, s = p.grid, p.studies
     if p.init.kernel not in g.kernels:
         out.append(("init.kernel", p.init.kernel, f"must be one of grid.kernels {g.kernels} "
@@ -320,8 +377,10 @@ def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
         if d not in STREAMED:
             out.append((f"grid.streamed_datasets[{i}]", d, f"is trained from tensors on the device: list it in "
                         f"grid.datasets (streamed datasets: {list(STREAMED)})"))
-    main_datasets = g.datasets + g.streamed_datasets
-    used = {("grid.datasets", d) for d in g.datasets} | {("grid.streamed_datasets", d) for d in g.streamed_datasets} | {
+    grid_datasets = [d for d in g.datasets if d in image]     # an unknown one is reported above
+    main_datasets = grid_datasets + g.streamed_datasets
+    used = {("grid.datasets", d) for d in grid_datasets} | {
+        ("grid.streamed_datasets", d) for d in g.streamed_datasets} | {
         (f"studies.{name}.datasets", d) for name in cells.STUDIES for d in getattr(s, name).datasets}
     no_folder = set()
     for path, d in sorted(used):
@@ -334,26 +393,28 @@ def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
     size = p.data.train_size
     if isinstance(size, int):
         for _, d in sorted(used):
-            if size < DATASETS[d].num_classes:
+            if size < classes[d]:
                 out.append(("data.train_size", size, f"a count must be at least {d}'s "
-                            f"{DATASETS[d].num_classes} classes (one image per class); 1.0 = all"))
+                            f"{classes[d]} classes (one image per class); 1.0 = all"))
                 break
-            if size > TRAIN_IMAGES[d]:
-                out.append(("data.train_size", size, f"{d} has {TRAIN_IMAGES[d]} training images; allowed: "
-                            f"a count in {DATASETS[d].num_classes}..{TRAIN_IMAGES[d]}, a fraction in (0, 1], "
+            if d in train_images and size > train_images[d]:
+                out.append(("data.train_size", size, f"{d} has {train_images[d]} training images; allowed: "
+                            f"a count in {classes[d]}..{train_images[d]}, a fraction in (0, 1], "
                             "or null (all)"))
                 break
     for d, rec in p.recipes.items():
-        out += _vit_problems(f"recipes.{d}.model", rec.model.model_dump(), d)
+        if d in image:
+            out += _vit_problems(f"recipes.{d}.model", rec.model.model_dump(), d, image[d])
     # kernels of the structured init, against the patch grid of each model they initialize
     for d in main_datasets:
         if d in p.recipes:
             for i, k in enumerate(g.kernels):
-                out += _kernel_problems(f"grid.kernels[{i}]", k, k, p.recipes[d].model.model_dump(), d)
+                out += _kernel_problems(f"grid.kernels[{i}]", k, k, p.recipes[d].model.model_dump(), d, image[d])
     for d in s.pseudo_input.datasets:
         if d in p.recipes:
             k = s.pseudo_input.kernel
-            out += _kernel_problems("studies.pseudo_input.kernel", k, k, p.recipes[d].model.model_dump(), d)
+            out += _kernel_problems("studies.pseudo_input.kernel", k, k, p.recipes[d].model.model_dump(), d,
+                                    image[d])
     for i, z in enumerate(s.convmixer.sizes):
         if z not in p.convmixer_sizes:
             out.append((f"studies.convmixer.sizes[{i}]", z,
@@ -374,10 +435,11 @@ def _cross_field_problems(p: Params) -> list[tuple[str, object, str]]:
             if d not in p.recipes:
                 continue
             model = {**p.recipes[d].model.model_dump(), **p.model_shapes[z].model_dump(exclude_none=True)}
-            out += _vit_problems(f"model_shapes.{z}", model, d, f" with shape {z}")
+            out += _vit_problems(f"model_shapes.{z}", model, d, image[d], f" with shape {z}")
             for name in s.heads_width.inits:
                 if (k := impulse_kernel(name)) is not None:
-                    out += _kernel_problems("studies.heads_width.inits", name, k, model, d, f" with shape {z}")
+                    out += _kernel_problems("studies.heads_width.inits", name, k, model, d, image[d],
+                                            f" with shape {z}")
     # studies that reuse the main grid's cells need those cells to exist
     plain = p.model_dump()
     main_variant = cells.main_variant(plain)
@@ -456,9 +518,9 @@ def _data_size_problems(p: Params) -> list:
     return out
 
 
-def _vit_problems(path: str, model: dict, dataset: str, context: str = "") -> list:
-    """A ViT shape on `dataset` (context: e.g. " with shape h6", for the message)."""
-    out, where, image = [], dataset + context, DATASETS[dataset].image_size
+def _vit_problems(path: str, model: dict, dataset: str, image: int, context: str = "") -> list:
+    """A ViT shape on `dataset`, of `image`-pixel images (context: e.g. " with shape h6", for the message)."""
+    out, where = [], dataset + context
     if model["embed_dim"] % model["num_heads"]:
         out.append((f"{path}.num_heads", model["num_heads"],
                     f"must divide embed_dim {model['embed_dim']} ({where})"))
@@ -470,13 +532,50 @@ def _vit_problems(path: str, model: dict, dataset: str, context: str = "") -> li
     return out
 
 
-def _kernel_problems(path: str, value, kernel: int, model: dict, dataset: str, context: str = "") -> list:
+def _kernel_problems(path: str, value, kernel: int, model: dict, dataset: str, image: int,
+                     context: str = "") -> list:
     """`value` (at `path`) asks for a kernel x kernel impulse filter on this model and dataset."""
     try:                                            # the structured init's own check
-        check_kernel(kernel, patch_grid_for(DATASETS[dataset].image_size, model["patch_size"]))
+        check_kernel(kernel, patch_grid_for(image, model["patch_size"]))
     except ValueError as e:
         return [(path, value, f"{e} ({dataset}{context}, patch {model['patch_size']})")]
     return []
+
+
+def _dataset_problems(p: Params, root) -> tuple[list, dict[str, int]]:
+    """(problems, training images per dataset). Every name in grid.datasets and recipes is a
+    built-in dataset or one of own_datasets; each of your own is a new name whose folder
+    datasets/<name>/ holds what its entry declares (data/own.py reads headers and labels only)."""
+    out, train_images = [], dict(TRAIN_IMAGES)
+    on_device = [d for d in DATASETS if d not in STREAMED]
+    for name, entry in p.own_datasets.items():
+        where = f"own_datasets.{name}"
+        if name in DATASETS:
+            out.append((where, name, f"is a built-in dataset's name; give yours another (built-in: {list(DATASETS)})"))
+            continue
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+            out.append((where, name, "a dataset's name is lowercase letters, digits and underscores, starting "
+                        "with a letter: it names stages and cells (download@<name>, <name>-trunc_normal)"))
+            continue
+        try:
+            facts = own.scan(own.source_dir(name, root))
+        except own.OwnDatasetError as e:
+            out.append((where, name, str(e)))
+            continue
+        train_images[name] = facts.train_images
+        for key in ("image_size", "channels", "num_classes"):
+            if getattr(entry, key) != getattr(facts, key):
+                out.append((f"{where}.{key}", getattr(entry, key), f"{own.ROOT}/{name}/ holds {getattr(facts, key)} "
+                            f"({facts.layout}: {facts.image_size}x{facts.image_size} images, {facts.channels} "
+                            f"channel(s), {facts.num_classes} classes)"))
+    allowed = f"built-in {on_device} or your own (own_datasets: {sorted(p.own_datasets)})"
+    for i, d in enumerate(p.grid.datasets):
+        if d not in DATASETS and d not in p.own_datasets:
+            out.append((f"grid.datasets[{i}]", d, f"unknown dataset; allowed: {allowed}"))
+    for d in p.recipes:
+        if d not in DATASETS and d not in p.own_datasets:
+            out.append((f"recipes.{d}", d, f"not a dataset; allowed: {allowed}"))
+    return out, train_images
 
 
 def _subset(path: str, values: list, of_path: str, of: list, why: str) -> list:
@@ -486,15 +585,16 @@ def _subset(path: str, values: list, of_path: str, of: list, why: str) -> list:
 
 # ---- entry points ----------------------------------------------------------------------------
 
-def validate_params(raw) -> dict:
-    """The params dict itself when it is valid; else ParamsError (every problem, one line each)."""
+def validate_params(raw, root: str | Path = ".") -> dict:
+    """The params dict itself when it is valid; else ParamsError (every problem, one line each).
+    `root`: the project folder, which holds your own datasets' files (datasets/<name>/)."""
     if not isinstance(raw, dict):
         raise ParamsError(f"params.yaml: expected a mapping of sections, got {type(raw).__name__}")
     try:
         parsed = Params.model_validate(raw)
     except ValidationError as e:
         raise ParamsError("\n".join(_lines(e.errors()))) from None
-    problems = _cross_field_problems(parsed)
+    problems = _cross_field_problems(parsed, root)
     if problems:
         raise ParamsError("\n".join(f"params.yaml: {path} = {_short(value)}: {msg}"
                                     for path, value, msg in problems))
@@ -511,7 +611,7 @@ def load_params(path: str | Path = "params.yaml") -> dict:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise ParamsError(f"{path}:{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
-    return validate_params(raw)
+    return validate_params(raw, path.parent)
 
 
 def _lines(errors: list[dict]) -> list[str]:

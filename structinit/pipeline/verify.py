@@ -16,7 +16,9 @@ answers the question a reader has on another machine, in three steps:
 Exit 1 when a cell's mean accuracy moved by more than the tolerance (in test images; the
 README states it and the measurement it comes from) or a conclusion changed, unless that
 conclusion is fragile (its corrected p within a factor of 2 of alpha, here or in the
-committed run: float noise may flip it). Fragile changes are listed, never failed.
+committed run: float noise may flip it). Fragile changes are listed, never failed. With nothing
+to compare with (no committed dvc.lock), verify() raises MissingFileError and the command
+exits 1 with its message.
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ from pathlib import Path
 import yaml
 
 from structinit.data.specs import TEST_IMAGES
+from structinit.errors import StructinitError
+from structinit.io import MissingFileError
 
 # A cell's mean accuracy over seeds may move this many test images (README "What is
 # reproducible"): settings that should not matter moved a digits cell's mean by at most 2.3
@@ -123,7 +127,7 @@ def verify(repo: str | Path = ".", against: str = "HEAD", tolerance: float = TOL
     repo = Path(repo)
     committed_lock = _git_show(repo, against, "dvc.lock")
     if committed_lock is None:
-        raise SystemExit(f"{against} has no dvc.lock: nothing committed to compare with")
+        raise MissingFileError(f"{against} has no dvc.lock: nothing committed to compare with")
     workspace_lock = (repo / "dvc.lock").read_text()
     before, after = output_hashes(committed_lock), output_hashes(workspace_lock)
     changed = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
@@ -212,7 +216,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tolerance-images", type=float, default=TOLERANCE_TEST_IMAGES,
                     help=f"largest change of a cell's mean accuracy, in test images (default {TOLERANCE_TEST_IMAGES})")
     a = ap.parse_args(argv)
-    v = verify(".", a.against, a.tolerance_images)
+    try:
+        v = verify(".", a.against, a.tolerance_images)
+    except StructinitError as e:       # nothing to compare with: the message says why, no traceback
+        sys.exit(f"error: {e}")
     print(render(v, a.against))
     return 0 if v.ok else 1
 

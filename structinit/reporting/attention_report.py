@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from structinit.analysis.model import ModelAnalysis
-from structinit.io import load_checked
+from structinit.io import MissingFileError, load_checked
 from structinit.pipeline import cells
 from structinit.pipeline.cells import impulse_kernel, main_cell, main_stage, seed_dir
 from structinit.reporting import attention_tables as summary
@@ -133,7 +133,7 @@ def attention_report(params: dict, analysis: Path, results: Path, figures: Path,
                for d, i, s in cells.main_runs(params)
                if not seed_dir(analysis / main_cell(d, i), s).with_suffix(".pt").exists()]
     if missing:
-        raise SystemExit(f"missing analyses for {len(missing)} run(s): {missing}")
+        raise MissingFileError(f"missing analyses for {len(missing)} run(s): {missing}")
     first_run = lambda ds: seed_dir(analysis / main_cell(ds, inits[0]), grid["seeds"][0])  # noqa: E731
     images = {ds: load_checked(first_run(ds).with_suffix(".pt"),
                                "an attention analysis")["images"] for ds in grid["datasets"]}

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from structinit.io import CorruptFileError
+
 TOLERANCE = 1.0
 
 
@@ -73,9 +75,9 @@ def read_budget_finals(path: Path | None, datasets) -> dict[str, pd.DataFrame]:
         return {}
     curves = pd.read_csv(path)
     if not {"dataset", "init", "budget", "seed", "epoch", "test_acc"} <= set(curves.columns):
-        raise SystemExit(f"{path}: columns {list(curves.columns)}; expected the epoch benchmark's "
-                         "(dataset, init, budget, seed, epoch, test_acc): re-create it with "
-                         "python -m benchmarks.epochs")
+        raise CorruptFileError(f"{path}: columns {list(curves.columns)}; expected the epoch benchmark's "
+                               "(dataset, init, budget, seed, epoch, test_acc): re-create it with "
+                               "python -m benchmarks.epochs")
     finals = budget_finals(curves)
     return {ds: finals[finals.dataset == ds] for ds in datasets if ds in set(finals.dataset)}
 

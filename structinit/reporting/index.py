@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from structinit.io import MissingFileError
+
 QUESTIONS = """\
 ## Three questions, and where to look
 
@@ -147,5 +149,5 @@ def build_index(reports: Path, datasets: list[str], studies: dict[str, list[str]
     for ds in data_size_datasets:
         lines.append(f"- {link(DATA_SIZE_FIGURE[0].format(ds=ds))}: {DATA_SIZE_FIGURE[1]}")
     if missing:
-        raise SystemExit(f"reports_index: {len(missing)} file(s) to index do not exist: {missing}")
+        raise MissingFileError(f"reports_index: {len(missing)} file(s) to index do not exist: {missing}")
     return "\n".join(lines) + "\n"

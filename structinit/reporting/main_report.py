@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from structinit.errors import ConfigError
+from structinit.io import MissingFileError
 from structinit.pipeline import cells
 from structinit.pipeline.cells import impulse_init, main_cell, run_name, seed_dir, solve_cell
 from structinit.reporting import paper, stats
@@ -96,15 +98,15 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
     results, preopt, reference, figures = Path(results), Path(preopt), Path(reference), Path(figures)
     grid, kernel = params["grid"], params["init"]["kernel"]
     if kernel not in grid["kernels"]:
-        raise SystemExit(f"init.kernel={kernel} is not in grid.kernels={grid['kernels']}: the headline "
-                  f"('ours') must be a trained cell. Run e.g. dvc exp run -S init.kernel={kernel} "
-                  f"-S 'grid.kernels={sorted(set(grid['kernels']) | {kernel})}'")
+        raise ConfigError(f"init.kernel={kernel} is not in grid.kernels={grid['kernels']}: the headline "
+                          f"('ours') must be a trained cell. Run e.g. dvc exp run -S init.kernel={kernel} "
+                          f"-S 'grid.kernels={sorted(set(grid['kernels']) | {kernel})}'")
     inits, ours = cells.main_inits(params), impulse_init(kernel)
     expected = cells.main_runs(params)
     missing = [run_name(main_cell(d, i), s) for d, i, s in expected
         if not (seed_dir(results / main_cell(d, i), s) / "metrics.json").exists()]
     if missing:
-        raise SystemExit(f"missing results for {len(missing)} run(s) (cell-seed): {missing}")
+        raise MissingFileError(f"missing results for {len(missing)} run(s) (cell-seed): {missing}")
     runs = pd.DataFrame([{"dataset": d, "init": i, "seed": s,
                     **read_cell(results / main_cell(d, i), s)[0]} for d, i, s in expected])
     solves = list(itertools.product(grid["datasets"], grid["kernels"], grid["seeds"]))

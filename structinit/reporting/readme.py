@@ -57,12 +57,14 @@ def main():
     a = ap.parse_args()
     root = Path(a.root)
     try:
-        _run(root, a.write)
+        stale = _run(root, a.write)
     except FileNotFoundError as e:
         sys.exit(f"{e}: run dvc repro first")
+    sys.exit(1 if stale else 0)
 
 
-def _run(root: Path, write: bool) -> None:
+def _run(root: Path, write: bool) -> list[str]:
+    """Refresh the blocks (write) or not; print and return the stale ones."""
     if write:
         for page in PAGES:
             path = root / page
@@ -71,7 +73,7 @@ def _run(root: Path, write: bool) -> None:
     stale = stale_blocks(root)
     for s in stale:
         print(f"stale: {s}")
-    sys.exit(1 if stale else 0)
+    return stale
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import yaml
 
 from structinit.config import FILTER_MODES
 from structinit.data.specs import get_spec
+from structinit.io import MissingFileError
 from structinit.pipeline.cells import (STUDIES, Run, impulse_init, main_cell, main_datasets, main_inits, main_variant,
                                       parse_contrast, parse_pseudo_variant, study_runs)
 from structinit.reporting import paper, stats
@@ -106,8 +107,8 @@ def main_grid_reference(params: dict, main: Path):
             runs = [Run(Path(main) / main_cell(dataset, init), s, {}) for s in seeds]
             missing = [str(r.dir) for r in runs if not (r.dir / "metrics.json").exists()]
             if missing:
-                raise SystemExit(f"missing main-grid results for {len(missing)} run(s) (the reference SD of "
-                                 f"paired differences): {missing}")
+                raise MissingFileError(f"missing main-grid results for {len(missing)} run(s) (the reference SD "
+                                       f"of paired differences): {missing}")
             cache[dataset, init] = {r.seed: read_cell(r.folder, r.seed)[0]["acc"] for r in runs}
         return cache[dataset, init]
 
@@ -151,7 +152,7 @@ def _collect(runs: list[Run], logged=()):
     logged: keys of each run's logged params (its params.yaml) to add as columns."""
     missing = [str(r.dir) for r in runs if not (r.dir / "metrics.json").exists()]
     if missing:
-        raise SystemExit(f"missing results for {len(missing)} run(s): {missing}")
+        raise MissingFileError(f"missing results for {len(missing)} run(s): {missing}")
 
     def params_of(r):
         logged_params = yaml.safe_load((r.dir / "params.yaml").read_text()) if logged else {}
