@@ -1,88 +1,25 @@
-"""dvc.yaml against the code: every stage's deps cover every project module its script imports
-(a module edit that DVC would not notice leaves stale results) and no other code (an edit there
-would re-run the stage for nothing: a training cell for hours), and the matrix stages' output
-folders are the cell names structinit/pipeline/cells.py gives (the one home of cell names)."""
+"""dvc.yaml against the code (dvc.yaml is generated from dvc.template.yaml by
+structinit/pipeline/dvc_yaml.py, whose import closure these tests use and test): every stage's
+deps cover every project module its script imports (a module edit that DVC would not notice leaves
+stale results) and no other code (an edit there would re-run the stage for nothing: a training
+cell for hours), and the matrix stages' output folders are the cell names
+structinit/pipeline/cells.py gives (the one home of cell names)."""
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from dvc.dependency.param import ParamsDependency
 
-import structinit
 from structinit.init.registry import SHIPPED
+from structinit.pipeline import dvc_yaml
+from structinit.pipeline.dvc_yaml import PACKAGES, import_closure, imported_modules
 from structinit.pipeline import cells
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("stages", "structinit", "benchmarks")
-
-
-def module_file(name: str) -> Path | None:
-    """A project module's file (package: its __init__.py); None outside the project."""
-    if name.split(".")[0] not in PACKAGES:
-        return None
-    base = REPO / Path(*name.split("."))
-    for path in (base.with_suffix(".py"), base / "__init__.py"):
-        if path.exists():
-            return path
-    return None
-
-
-def imported_modules(path: Path, name: str) -> set[str]:
-    """Every module an `import` anywhere in the file names (function-level imports included:
-    they run when the stage runs; `if TYPE_CHECKING:` blocks excluded: they never run),
-    resolved to project module names, and every module that structinit's lazy loader imports
-    for an attribute of the structinit package (`si.get_spec`, `structinit.reporting.tables.x`)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            node.body = []
-    out, package_names = set(), set()       # package_names: local names bound to structinit
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-            package_names |= {a.asname or "structinit" for a in node.names
-                              if a.name == "structinit" or (a.name.startswith("structinit.") and not a.asname)}
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
-            else:
-                base = node.module
-            out.add(base)
-            for alias in node.names:
-                if module_file(f"{base}.{alias.name}"):                # `from pkg import module`
-                    out.add(f"{base}.{alias.name}")
-                elif base == "structinit" and alias.name in structinit.LAZY_EXPORTS:   # lazy export
-                    out.add(structinit.LAZY_EXPORTS[alias.name])
-    for node in ast.walk(tree):             # structinit.__getattr__ imports on attribute access
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in package_names:
-            if node.attr in structinit.LAZY_EXPORTS:
-                out.add(structinit.LAZY_EXPORTS[node.attr])
-            elif module_file(f"structinit.{node.attr}"):
-                out.add(f"structinit.{node.attr}")
-    return out
-
-
-def import_closure(module: str) -> set[Path]:
-    """The files of `module` and of every project module it imports, transitively, with the
-    __init__.py of every package on the way (importing a.b runs a/__init__.py first)."""
-    seen, todo, files = set(), [module], set()
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        parts = name.split(".")
-        todo += [".".join(parts[:i]) for i in range(1, len(parts))]    # parent packages
-        path = module_file(name)
-        if path is None:
-            continue
-        files.add(path.relative_to(REPO).as_posix())
-        todo += [m for m in imported_modules(path, name) if module_file(m)]
-    return files
 
 
 def resolved_stages(root: Path = REPO) -> dict:
@@ -333,3 +270,24 @@ def test_a_variant_cell_depends_on_its_initializer_file_and_its_options_are_in_i
         assert deps_problems([d.def_path for d in stage.deps], needed_code(stage, params)) == ([], []), name
     own = {d.def_path for d in stages["train_variant@digits-variant1"].deps if "/methods/" in d.def_path}
     assert own == {"structinit/init/methods/__init__.py", "structinit/init/methods/impulse.py"}
+
+
+def test_dvc_yaml_is_the_templates_output_and_says_so():
+    text = (REPO / "dvc.yaml").read_text()
+    assert text == dvc_yaml.render((REPO / "dvc.template.yaml").read_text()), \
+        "dvc.yaml is stale: python -m structinit.pipeline.dvc_yaml --write"
+    assert text.startswith("# GENERATED from dvc.template.yaml")
+    assert not dvc_yaml.CODE.search(text) and dvc_yaml.CODE.search((REPO / "dvc.template.yaml").read_text())
+    r = subprocess.run([sys.executable, "-m", "structinit.pipeline.dvc_yaml"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_the_generator_fills_each_code_line_with_its_scripts_closure():
+    template = ("stages:\n  a:\n    cmd: python -m stages.check_params --out x\n    deps:\n      - CODE\n"
+                "      - data/x\n  b:\n    cmd: echo\n    deps:\n      - data/y\n")
+    text = dvc_yaml.render(template)
+    listed = [line.split("- ", 1)[1] for line in text.splitlines() if line.startswith("      - ")]
+    assert listed == sorted(import_closure("stages.check_params")) + ["data/x", "data/y"]
+    assert "stages/check_params.py" in listed and "structinit/pipeline/params.py" in listed
+    with pytest.raises(ValueError, match="stage 'c' has `- CODE` but no"):
+        dvc_yaml.render("stages:\n  c:\n    cmd: echo\n    deps:\n      - CODE\n")
