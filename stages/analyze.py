@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from stages.common import load_params, run_stage, seeds_at
+from stages.common import add_variant_options, load_params, run_stage, seeds_at
 from structinit.analysis.model import analyze_model, test_batch
 from structinit.data.tensors import ImageData
 from structinit.errors import StructinitError
@@ -37,10 +37,7 @@ def parse_args():
                     help="the training stage's results folder: each seed's init.json must match the rebuild")
     ap.add_argument("--images", type=int, default=512, help="first N test images (default 512)")
     ap.add_argument("--out", required=True, help="folder of seed<s>.pt analyses")
-    ap.add_argument("--options", nargs=argparse.REMAINDER, default=[],
-                    help="a grid.variants cell's options as DVC renders them (--alpha 0.5 ...), last: "
-                         "they put the options in the stage's command, so DVC reruns the cell when they "
-                         "change; the options used are params.yaml's (grid.variants), the one source")
+    add_variant_options(ap)
     a = ap.parse_args()
     try:
         method, kernel = parse_init(a.init)

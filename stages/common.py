@@ -7,6 +7,7 @@ Stages stay thin: parse arguments and params, call structinit, write outputs.
 """
 from __future__ import annotations
 
+import argparse
 import atexit
 import json
 import os
@@ -48,6 +49,14 @@ def run_stage(main) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def add_variant_options(parser) -> None:
+    """--options, last on a grid.variants cell's command line: its options as DVC renders them
+    (--alpha 0.5 ...). They are there so that DVC re-runs the cell when they change; the
+    options used are params.yaml's (grid.variants), the one source."""
+    parser.add_argument("--options", nargs=argparse.REMAINDER, default=[],
+                        help="a grid.variants cell's options as DVC renders them (--alpha 0.5 ...), last")
 
 
 def load_params(path: str | Path = "params.yaml") -> dict:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dvclive import Live
 
-from stages.common import load_params, log_timings, recipe, run_stage, seeds_at, write_record
+from stages.common import add_variant_options, load_params, log_timings, recipe, run_stage, seeds_at, write_record
 from structinit.data.tensors import ImageData, stratified_subset
 from structinit.io import save_torch, without_timings
 from structinit.numerics import numerics_record
@@ -56,10 +56,7 @@ def parse_args():
     size.add_argument("--match-steps", action="store_true",
                       help="with --train-fraction: as many optimizer steps as the main grid's run "
                            "(epochs, warm-up and eval_every scaled: structinit/training/steps.py)")
-    vit.add_argument("--options", nargs=argparse.REMAINDER, default=[],
-                    help="a grid.variants cell's options as DVC renders them (--alpha 0.5 ...), last: "
-                         "they put the options in the stage's command, so DVC reruns the cell when they "
-                         "change; the options used are params.yaml's (grid.variants), the one source")
+    add_variant_options(vit)
     a = ap.parse_args()
     a.method = a.kernel = None
     if a.init:              # a.init stays the cell's name ("impulse3"); initialize() takes method, kernel
