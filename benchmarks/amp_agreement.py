@@ -11,7 +11,7 @@ Prints, per initializer and seed, the final test accuracy under both, the paired
 fp32 - bf16 in points, and how many of the test images got a different prediction; then per
 initializer and over all runs the mean paired difference with its 95 % t-interval. The
 largest per-run count of changed predictions is the spread that `./run.sh verify` tolerates
-(README, "What is reproducible"): fp32 vs bf16 is a setting that should not matter.
+(docs/reproducibility.md): fp32 vs bf16 is a setting that should not matter.
 """
 import argparse
 import json

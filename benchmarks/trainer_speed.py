@@ -20,7 +20,7 @@ and prints model-images/s (min/median over repeats, the median over a run's epoc
 the first), the trainer's GFLOP/s and that as a fraction of both GEMM rates, and last
 `speedup: X` = median today / median baseline (of the dtype amp=auto picks on this CPU).
 --portable adds the baseline under MKL's portable path (MKL_CBWR=COMPATIBLE with the AVX2
-pin): what bytes equal across Intel and AMD would cost (README "What is reproducible").
+pin): what bytes equal across Intel and AMD would cost (docs/reproducibility.md).
 Runs unchanged on a GPU (GEMM and trainer there).
 """
 import argparse

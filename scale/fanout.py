@@ -228,7 +228,7 @@ def run_cell(root: str, cell: Cell, env: dict[str, str], gpus: float, *upstream:
     cell_env.update(env)
     # Ray sets OMP_NUM_THREADS to a task's reserved CPUs. A cell's bytes depend on torch's
     # thread count, so the cell gets what the launching shell had (unset: the node's default),
-    # as `dvc repro` there would (README "What is reproducible").
+    # as `dvc repro` there would (docs/reproducibility.md).
     user_omp = cell_env.pop(USER_OMP_VAR, "")
     cell_env.pop("OMP_NUM_THREADS", None)
     if user_omp:

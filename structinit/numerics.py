@@ -11,7 +11,7 @@ each CPU's best kernels, bf16 where the CPU has it (train.compute_dtype), and pr
 - bitwise: the same clone on the same CPU with the same thread count gives the same bytes
   (tests/test_pipeline.py, tests/test_faults.py);
 - across CPUs: the same conclusions, and accuracies within a stated tolerance, which
-  `./run.sh verify` checks after `./run.sh repro` (README "What is reproducible").
+  `./run.sh verify` checks after `./run.sh repro` (docs/reproducibility.md).
 
 Nothing here changes the process: importing structinit leaves os.environ and torch's thread
 count as they were. `numerics_record()` is what the reports print under "What ran".

@@ -192,6 +192,44 @@ def test_fused_attention_only_off_on_cpu():
     assert all(m.fused_attn for m in attns)              # timm's default on this torch
 
 
+def test_batched_stack_trains_explicit_attention_only_on_cpu_in_bf16():
+    """The batched stack keeps the fused kernel except on CPU in bf16, where its backward is
+    several times slower than timm's explicit path (benchmarks/attention_kernels.py); the
+    vmap stack is explicit on CPU whatever the dtype. ("meta" stands in for a GPU.)"""
+    stack = StackedModels(_vits([0, 1]))
+    attns = [m for m in stack.base.modules() if hasattr(m, "fused_attn")]
+    assert stack.choose_attention(torch.device("cpu"), "bf16") == "explicit attention"
+    assert attns and not any(m.fused_attn for m in attns)
+    assert stack.choose_attention(torch.device("cpu"), "fp32") == "fused attention"
+    assert all(m.fused_attn for m in attns)
+    assert stack.choose_attention(torch.device("meta"), "bf16") == "fused attention"
+    assert all(m.fused_attn for m in attns)
+    vmapped = StackedModels(_vits([0, 1]), batched=False)
+    assert vmapped.choose_attention(torch.device("cpu"), "fp32") == "explicit attention"
+
+
+def test_explicit_and_fused_attention_give_the_same_gradients():
+    """Switching the kernel changes float summation order only: the batched stack's losses and
+    gradients agree to float noise (fp32) and to bf16's resolution (bf16 autocast)."""
+    torch.manual_seed(0)
+    stack = StackedModels(_vits([0, 1], method="impulse"))
+    x, y = torch.randn(2, 16, 1, 8, 8), torch.randint(0, 10, (2, 16))
+
+    def loss(logits, labels):
+        return torch.nn.functional.cross_entropy(logits.float(), labels)
+    for dtype, tol in (("fp32", dict(rtol=1e-5, atol=1e-6)), ("bf16", dict(rtol=0.05, atol=0.01))):
+        def ctx(bf16=dtype == "bf16"):
+            return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+        out = {}
+        for device in ("cpu", "meta"):                # explicit (bf16 on CPU) / fused otherwise
+            stack.choose_attention(torch.device(device), "bf16")
+            out[device] = stack.loss_and_grads(x, y, loss, ctx)
+        (g1, l1, _), (g2, l2, _) = out["cpu"], out["meta"]
+        torch.testing.assert_close(l1, l2, **tol)
+        for k in g1:
+            torch.testing.assert_close(g1[k], g2[k], **tol)
+
+
 def test_cuda_attention_kernels_have_vmap_batching_rules():
     """Why fused attention stays on under vmap on CUDA: its kernels have batching rules. With
     vmap's per-example fallback switched off, CUDA's kernels get past vmap (to the CPU backend,

@@ -10,11 +10,11 @@
 It does not fit on a device as one tensor, so images are decoded and augmented by DataLoader
 workers with timm's transforms (the official run is timm's train.py): RandomResizedCrop,
 flip, RandAugment, random erasing; eval resizes to 224 / 0.9 and centre-crops (timm's ViT data
-config). Mixup/CutMix act on the batch (stream_train.py).
+config). Mixup/CutMix act on the batch (training/streamed.py).
 
 Every image's augmentation is seeded by (seed, epoch, index), never by which worker or process
 decodes it, so a run on 8 processes sees the very images a run on 1 process does (Mixup and
-CutMix then mix within each process's share of the batch: stream_train.py).
+CutMix then mix within each process's share of the batch: training/streamed.py).
 """
 from __future__ import annotations
 

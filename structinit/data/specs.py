@@ -1,6 +1,6 @@
 """What each dataset is (size, channels, classes, normalization), importable without torch:
 params.yaml's schema checks kernels and patch sizes against it before any stage imports torch.
-Loading and preparing the data is data.py's job."""
+Loading and preparing the data is tensors.py's job."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,9 +28,9 @@ DATASETS = {
     "imagenet": DatasetSpec("imagenet", 224, 3, 1000, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
 }
 # Datasets too large for the training device as one tensor: read from a local directory and
-# streamed by DataLoader workers (imagenet.py, stream_train.py) instead of data.py's tensors.
+# streamed by DataLoader workers (imagenet.py, training/streamed.py) instead of tensors.py's one tensor.
 STREAMED = ("imagenet",)
-# Training images per dataset (digits: the fixed 80 % split of data.py; the others: their
+# Training images per dataset (digits: the fixed 80 % split of tensors.py; the others: their
 # train splits). Not part of DatasetSpec, which prepared files store: params.yaml's schema
 # needs the counts (a study's subset must hold a batch) before any data is loaded.
 TRAIN_IMAGES = {"digits": 1437, "cifar10": 50_000, "cifar100": 50_000, "svhn": 73_257,

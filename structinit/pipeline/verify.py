@@ -2,7 +2,7 @@
 
     python -m structinit.pipeline.verify [--against HEAD] [--tolerance-images N]
 
-Bytes are the same only on the CPU that made them (README "What is reproducible"), so this
+Bytes are the same only on the CPU that made them (docs/reproducibility.md), so this
 answers the question a reader has on another machine, in three steps:
 
 1. Every output dvc.lock records (models, results, reports, figures) has the same hash in the
@@ -36,8 +36,8 @@ from structinit.data.specs import TEST_IMAGES
 from structinit.errors import StructinitError
 from structinit.io import MissingFileError
 
-# A cell's mean accuracy over seeds may move this many test images (README "What is
-# reproducible"): settings that should not matter moved a digits cell's mean by at most 2.3
+# A cell's mean accuracy over seeds may move this many test images (docs/reproducibility.md):
+# settings that should not matter moved a digits cell's mean by at most 2.3
 # images (the committed default in fp32 under the old AVX2 pin vs bf16 on the CPU's own
 # kernels, same machine, 36 cells) and at 80 epochs by at most 0.7 (benchmarks/amp_agreement.py);
 # about 2.5x the larger, so that noise passes and a real shift (a seed of 5 leaving its plateau,
@@ -183,7 +183,7 @@ def render(v: Verification, against: str) -> str:
     if v.identical:
         return f"identical bytes: every output in dvc.lock has the hash {against} committed"
     lines = [f"{len(v.outputs_changed)} output(s) differ in bytes from {against} (expected on another CPU: "
-             "README 'What is reproducible'); comparing what they conclude.", "",
+             "docs/reproducibility.md); comparing what they conclude.", "",
              f"Accuracy per cell, in test images (workspace - {against}); tolerance: a cell's mean "
              f"over seeds within ±{v.tolerance:g} images:"]
     for c in v.cells:

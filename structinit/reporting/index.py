@@ -131,7 +131,7 @@ def build_index(reports: Path, datasets: list[str], studies: dict[str, list[str]
                   ("data_size", DATA_SIZE_FIGURE[0], data_size_datasets))}
     main = "\n\n".join(link(f"figures/main/{ds}.png", image=True) for ds in datasets)
     lines = ["# Reports", "",
-             "Every file here is written by `dvc repro` (stage names in the main README); this index "
+             "Every file here is written by `dvc repro` (its stages: docs/pipeline.md); this index "
              "by the stage `reports_index`. Numbers are final-epoch test accuracy (%) unless said "
              "otherwise, mean ± std over seeds; every report of results ends with the paper's own "
              "numbers, labelled as the paper's (side by side where the dataset is the paper's).", "",

@@ -70,7 +70,7 @@ class StackedModels:
         self.params = {k: v.detach() for k, v in params.items()}
         self.base = copy.deepcopy(models[0]).to("meta")     # the architecture, without weights
         self.base.train(models[0].training)
-        self._attention_impl(self.params[next(iter(self.params))].device)
+        self.choose_attention(self.params[next(iter(self.params))].device)
 
     def _collect_batched(self) -> None:
         """params/buffers: name -> (N, ...) tensor of the batched module (a shared one as an
@@ -83,16 +83,24 @@ class StackedModels:
         self.params = {k: per_model(k, v) for k, v in self.batched.named_parameters()}
         self.buffers = {k: per_model(k, v) for k, v in self.batched.named_buffers()}
 
-    def _attention_impl(self, device: torch.device) -> None:
-        # vmap has no batching rule for CPU's fused attention kernel
-        # (_scaled_dot_product_flash_attention_for_cpu): it would fall back to a per-model loop.
-        # timm's explicit q @ k.T -> softmax -> @ v path vmaps into batched matmuls. CUDA's
-        # fused kernels have batching rules, so they stay on there.
+    def choose_attention(self, device: torch.device, dtype: str = "fp32") -> str:
+        """Set the attention kernel the stack runs on `device` in `dtype` ("bf16" | "fp32");
+        returns which, for the log. Both compute the same attention to float noise.
+
+        vmap, on CPU: timm's explicit q @ k.T -> softmax -> @ v, which vmaps into batched
+        matmuls; the fused kernel (_scaled_dot_product_flash_attention_for_cpu) has no batching
+        rule there and would fall back to a per-model loop. CUDA's fused kernels have batching
+        rules. Batched: fused, except on CPU in bf16, where the fused kernel's backward is ~9x
+        slower than the explicit path's at this model's shapes (head dim 16, 64 tokens: 61 % of
+        a step, the step 2.6x slower; on a Zen 4 with AVX512-BF16); in fp32 the fused kernel is
+        the faster one (`python -m benchmarks.attention_kernels` measures all four)."""
+        fused = device.type != "cpu" or (self.batched is not None and dtype != "bf16")
         for m in self.base.modules():
             if hasattr(m, "fused_attn"):
                 if not hasattr(m, "fused_attn_default"):
                     m.fused_attn_default = m.fused_attn          # timm's own choice
-                m.fused_attn = device.type != "cpu" and m.fused_attn_default
+                m.fused_attn = fused and m.fused_attn_default
+        return "fused attention" if fused else "explicit attention"
 
     def replica(self) -> "StackedModels":
         """The same tensors behind another module: functional_call swaps tensors into its
@@ -112,7 +120,7 @@ class StackedModels:
             return self
         self.params = {k: v.to(device) for k, v in self.params.items()}
         self.buffers = {k: v.to(device) for k, v in self.buffers.items()}
-        self._attention_impl(torch.device(device))
+        self.choose_attention(torch.device(device))
         return self
 
     def train(self, mode: bool = True) -> "StackedModels":

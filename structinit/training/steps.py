@@ -12,7 +12,7 @@ from __future__ import annotations
 
 
 def subset_size(n: int, size: float | int | None) -> int:
-    """How many of `n` images stratified_subset(labels, size, seed) keeps (data.py's rule):
+    """How many of `n` images stratified_subset(labels, size, seed) keeps (data/tensors.py's rule):
     None or 1.0 = all, a float = round(size * n), an int = that many."""
     if size is None or size == 1.0:
         return n

@@ -182,6 +182,7 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
     batch_size = min(cfg.batch_size, len(train_y))    # the global batch; each process trains its slice
     augmentation = BatchAugmentation(data, cfg, device)
     stack = StackedModels(models).to(device).train()
+    attention = stack.choose_attention(device, dtype)
     opt = _stacked_adamw(stack, [state for _, state in restored] if restored else [None] * len(models), cfg, device)
     step, how = plan_gradient_step(cfg.cpu_chunks, stack, device, batch_size // ctx.world_size,
                                    lambda replica, x, y: loss_and_grads(replica, x, y, cfg, device))
@@ -189,7 +190,7 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
         where = f"{device} x {ctx.world_size} processes" if ctx.enabled else device
         way = "batched" if stack.batched is not None else "by vmap"
         print(f"training {len(models)} model(s) stacked ({way}) on {where} in {dtype}, "
-              f"epochs {start + 1}-{cfg.epochs}: {how} per step")
+              f"epochs {start + 1}-{cfg.epochs}: {how} per step, {attention}")
 
     # ---- the epochs: train, evaluate when due, log, checkpoint, report ----
     with step:
