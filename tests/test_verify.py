@@ -1,13 +1,18 @@
 """./run.sh verify (structinit/pipeline/verify.py) on doctored outputs: identical bytes, a re-run on
-another CPU within tolerance, and each way it must fail."""
+another CPU within tolerance, and each way it must fail; then on a real DVC repository: a fresh
+clone (nothing run), a finished run, an edited output."""
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from structinit.pipeline import verify as verify_module
 from structinit.pipeline.verify import TOLERANCE_TEST_IMAGES, main, verify
+
+REAL_STATUS = verify_module.dvc_status
 
 
 def _write(repo: Path, rel: str, obj) -> None:
@@ -16,24 +21,37 @@ def _write(repo: Path, rel: str, obj) -> None:
     path.write_text(obj if isinstance(obj, str) else json.dumps(obj))
 
 
-def _conclusion(cid, verdict, p_holm, fragile=False):
+def _conclusion(cid, verdict, p, fragile=False, role="secondary"):
+    """A conclusion as the reports write it today (p_adjusted, role)."""
     family, pair = cid.split(": ")
     a, b = pair.split(" vs ")
-    return {"id": cid, "family": family, "a": a, "b": b, "verdict": verdict, "p_holm": p_holm, "fragile": fragile}
+    return {"id": cid, "family": family, "a": a, "b": b, "role": role, "verdict": verdict, "p": p,
+            "p_adjusted": p, "fragile": fragile}
 
 
 def _state(repo, *, lock_hash="aaa", accs=((0.90, 0.80), (0.50, 0.40)), verdicts=((">", 0.001), ("~", 0.5)),
-           fragile=(False, False)):
+           fragile=(False, False), kernel=3):
     lock = {"schema": "2.0", "stages": {
         "train_baseline@digits-mimetic": {"outs": [{"path": "models/digits-mimetic", "md5": lock_hash + ".dir"}]},
         "aggregate": {"outs": [{"path": "reports/main_table.md", "md5": "bbb"}]}}}
     _write(repo, "dvc.lock", yaml.safe_dump(lock))
+    _write(repo, "models/digits-mimetic/seed0.pt", lock_hash)
+    _write(repo, "reports/main_table.md", "| table |")
+    _write(repo, "params.yaml", yaml.safe_dump({"grid": {"datasets": ["digits"]}, "init": {"kernel": kernel}}))
     for cell, seed_accs in zip(("digits-mimetic", "digits-trunc_normal"), accs):
         for seed, acc in enumerate(seed_accs):
             _write(repo, f"results/train/{cell}/seed{seed}/metrics.json", {"final_test_acc": acc})
     ids = ("digits: mimetic vs trunc_normal", "digits: impulse3 vs trunc_normal")
+    roles = ("secondary", "primary")
     _write(repo, "reports/conclusions/main_table.json", {"report": "main_table.md", "conclusions": [
-        _conclusion(i, v, p, f) for i, (v, p), f in zip(ids, verdicts, fragile)]})
+        _conclusion(i, v, p, f, r) for i, (v, p), f, r in zip(ids, verdicts, fragile, roles)]})
+
+
+@pytest.fixture(autouse=True)
+def up_to_date(monkeypatch):
+    """`dvc status` says every stage is up to date (the doctored repos are not DVC projects;
+    the last tests run the real one)."""
+    monkeypatch.setattr(verify_module, "dvc_status", lambda repo: [])
 
 
 @pytest.fixture
@@ -62,7 +80,7 @@ def test_other_bytes_same_conclusions_within_tolerance_pass(repo, monkeypatch, c
     assert TOLERANCE_TEST_IMAGES > 1.5
     code, out = _verify_cli(repo, monkeypatch, capsys)
     assert code == 0, out
-    assert "1 output(s) differ" in out and "every conclusion is the same" in out
+    assert "1 output(s) differ" in out and "every conclusion both runs have is the same" in out
     assert "results/train/digits-mimetic: mean -1.5 of 360 (s0:-3 s1:+0)" in out
     assert "verdict: reproduced" in out
 
@@ -83,7 +101,25 @@ def test_a_changed_conclusion_fails(repo, monkeypatch, capsys):
     _state(repo, lock_hash="ccc", verdicts=((">", 0.001), (">", 0.01)))
     code, out = _verify_cli(repo, monkeypatch, capsys)
     assert code == 1
-    assert "main_table.json: digits: impulse3 vs trunc_normal: ~ -> > (Holm p 0.5 -> 0.01) [CHANGED]" in out
+    # the primary is tested alone: its p, not a "Holm p"
+    assert "main_table.json: digits: impulse3 vs trunc_normal: ~ -> > (p 0.5 -> 0.01) [CHANGED]" in out
+    assert out.rstrip().splitlines()[-1] == "verdict: NOT reproduced: 1 conclusion(s) changed"
+    # a secondary contrast's verdict rests on its Holm-adjusted p, and says so
+    _state(repo, lock_hash="ccc", verdicts=(("~", 0.2), ("~", 0.5)))
+    code, out = _verify_cli(repo, monkeypatch, capsys)
+    assert code == 1 and "mimetic vs trunc_normal: > -> ~ (Holm p 0.001 -> 0.2) [CHANGED]" in out
+
+
+def test_a_record_from_before_the_paired_statistics_is_read_by_its_p_holm(repo, monkeypatch, capsys):
+    _state(repo, lock_hash="ccc", verdicts=((">", 0.001), (">", 0.01)))
+    path = repo / "reports/conclusions/main_table.json"
+    record = json.loads(path.read_text())
+    for c in record["conclusions"]:
+        c["p_holm"] = c.pop("p_adjusted")
+        del c["role"]
+    path.write_text(json.dumps(record))
+    code, out = _verify_cli(repo, monkeypatch, capsys)
+    assert code == 1 and "impulse3 vs trunc_normal: ~ -> > (adjusted p 0.5 -> 0.01) [CHANGED]" in out
 
 
 def test_a_changed_fragile_conclusion_is_listed_not_failed(repo, monkeypatch, capsys):
@@ -101,6 +137,58 @@ def test_outputs_that_cannot_be_compared_fail(repo, monkeypatch, capsys):
     assert not v.ok and v.cells_missing == ["results/train/digits-mimetic seed 1: only in the commit"]
 
 
+def test_new_cells_and_conclusions_are_listed_not_failed(repo, monkeypatch, capsys):
+    """After a GPU run of the paper's grid: the digits cells compare, the CIFAR cell and its
+    conclusion are new; the params that differ are named."""
+    _state(repo, lock_hash="ccc")
+    _write(repo, "results/train/cifar10-mimetic/seed0/metrics.json", {"final_test_acc": 0.7})
+    record = json.loads((repo / "reports/conclusions/main_table.json").read_text())
+    record["conclusions"].append(_conclusion("cifar10: impulse3 vs trunc_normal", ">", 0.01, role="primary"))
+    _write(repo, "reports/conclusions/main_table.json", record)
+    _write(repo, "params.yaml", yaml.safe_dump({"grid": {"datasets": ["digits", "cifar10"]}, "init": {"kernel": 3}}))
+    code, out = _verify_cli(repo, monkeypatch, capsys)
+    assert code == 0, out
+    assert "results/train/cifar10-mimetic seed 0: a new cell, only in the workspace  (new: listed, not compared)" in out
+    assert "main_table.json: cifar10: impulse3 vs trunc_normal: only in the workspace  (new" in out
+    assert "grid.datasets: ['digits'] -> ['digits', 'cifar10']" in out
+    assert "verdict: reproduced" in out
+
+
+def test_an_experiment_names_the_params_it_changed_in_the_verdict(repo, monkeypatch, capsys):
+    """dvc exp run -S init.kernel=5: the headline contrast is another one; the one line says
+    the configuration is not the commit's."""
+    _state(repo, lock_hash="ccc", kernel=5)
+    record = json.loads((repo / "reports/conclusions/main_table.json").read_text())
+    record["conclusions"][1] = _conclusion("digits: impulse5 vs trunc_normal", ">", 0.01, role="primary")
+    _write(repo, "reports/conclusions/main_table.json", record)
+    code, out = _verify_cli(repo, monkeypatch, capsys)
+    assert code == 1
+    assert out.startswith("params.yaml differs from HEAD") and "  init.kernel: 3 -> 5" in out
+    assert out.rstrip().splitlines()[-1] == (
+        "verdict: NOT reproduced: 1 output(s) of the commit with no counterpart in the workspace; "
+        "params.yaml differs from the commit in init.kernel: another configuration, not a re-run")
+
+
+def test_missing_outputs_fail_before_any_comparison(repo, monkeypatch, capsys):
+    """A fresh clone before `./run.sh repro`: DVC-tracked outputs are not there."""
+    import shutil
+
+    shutil.rmtree(repo / "models")
+    code, out = _verify_cli(repo, monkeypatch, capsys)
+    assert code == 1 and "identical" not in out
+    assert out.rstrip().splitlines()[-1] == ("verdict: NOT verified: 1 output(s) dvc.lock records are not in the "
+                                             "workspace (first: models/digits-mimetic): run ./run.sh repro first")
+
+
+def test_stale_stages_fail_before_any_comparison(repo, monkeypatch, capsys):
+    monkeypatch.setattr(verify_module, "dvc_status", lambda repo: ["aggregate", "train_impulse@digits-3"])
+    code, out = _verify_cli(repo, monkeypatch, capsys)
+    assert code == 1 and "identical" not in out
+    assert "  train_impulse@digits-3" in out
+    assert out.rstrip().splitlines()[-1].startswith("verdict: NOT verified: dvc status: 2 stage(s) not up to date "
+                                                    "(first: aggregate)")
+
+
 def test_a_commit_without_dvc_lock_is_an_error_to_a_caller_and_an_exit_from_the_command(repo, monkeypatch, capsys):
     from structinit.io import MissingFileError
 
@@ -114,3 +202,43 @@ def test_a_commit_without_dvc_lock_is_an_error_to_a_caller_and_an_exit_from_the_
     with pytest.raises(SystemExit) as stopped:
         _verify_cli(repo, monkeypatch, capsys)
     assert stopped.value.code == "error: HEAD has no dvc.lock: nothing committed to compare with"
+
+
+def _dvc(repo, *args):
+    return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=repo, check=True, capture_output=True, text=True)
+
+
+def _git(repo, *args):
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                          capture_output=True, text=True)
+
+
+def test_a_real_dvc_project_fresh_clone_finished_run_and_edited_output(tmp_path, monkeypatch, capsys):
+    """The real `dvc status`: a fresh clone (the output DVC tracks is absent) fails as not run;
+    the finished run is identical bytes; an edited output fails as not up to date."""
+    monkeypatch.setattr(verify_module, "dvc_status", REAL_STATUS)
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    _git(origin, "init", "-q")
+    _dvc(origin, "init", "-q")
+    _dvc(origin, "config", "core.analytics", "false")
+    (origin / "params.yaml").write_text("x: 1\n")
+    (origin / "dvc.yaml").write_text("stages:\n  make:\n    cmd: python -c \"open('out.txt', 'w').write('1')\"\n"
+                                     "    params: [x]\n    outs: [out.txt]\n")
+    _dvc(origin, "repro", "-q")
+    _git(origin, "add", "-A")
+    _git(origin, "commit", "-qm", "run")
+    assert _verify_cli(origin, monkeypatch, capsys)[0] == 0              # the run itself: identical
+
+    clone = tmp_path / "clone"
+    _git(tmp_path, "clone", "-q", str(origin), str(clone))
+    code, out = _verify_cli(clone, monkeypatch, capsys)
+    assert code == 1 and "identical" not in out and "out.txt" in out   # nothing run yet
+
+    _dvc(clone, "repro", "-q")
+    code, out = _verify_cli(clone, monkeypatch, capsys)
+    assert code == 0 and out.startswith("identical bytes"), out
+
+    (clone / "out.txt").write_text("2")
+    code, out = _verify_cli(clone, monkeypatch, capsys)
+    assert code == 1 and "dvc status: 1 stage(s) not up to date (first: make)" in out

@@ -2,23 +2,29 @@
 
     python -m structinit.pipeline.verify [--against HEAD] [--tolerance-images N]
 
-Bytes are the same only on the CPU that made them (docs/reproducibility.md), so this
-answers the question a reader has on another machine, in three steps:
+It judges the workspace, not the text of two dvc.lock files, in this order:
 
-1. Every output dvc.lock records (models, results, reports, figures) has the same hash in the
-   workspace as in the committed dvc.lock -> "identical bytes", exit 0.
-2. Otherwise, per trained cell (results/**/seed<s>/metrics.json): each seed's final test
-   accuracy against the committed one, counted in test images (difference x the dataset's
-   test images), and the cell's mean over seeds.
-3. Every report's conclusions (reports/conclusions/<report>.json): each tested statement's
-   verdict against the committed one.
+1. The workspace is a finished run: every output its dvc.lock records exists, and `dvc
+   status` says every stage is up to date (the outputs are those dvc.lock's hashes name).
+   Otherwise it stops there, exit 1: nothing it would compare is a run's output.
+2. params.yaml against the compared commit's: each differing key is named (an experiment
+   such as `-S init.kernel=5` is then another configuration, not a re-run of the commit's).
+3. Bytes are the same only on the CPU that made them (docs/reproducibility.md): every
+   output with the same hash as the commit's dvc.lock records -> "identical bytes", exit 0.
+4. Otherwise, per trained cell both runs have (results/**/seed<s>/metrics.json): each seed's
+   final test accuracy against the committed one, counted in test images (difference x the
+   dataset's test images), and the cell's mean over seeds. Cells only the workspace has (a
+   GPU run's CIFAR cells, a new initializer) are listed as new, not failed.
+5. Every report's conclusions (reports/conclusions/<report>.json): each tested statement's
+   verdict against the committed one; statements only the workspace has are listed as new.
 
 Exit 1 when a cell's mean accuracy moved by more than the tolerance (in test images; the
-README states it and the measurement it comes from) or a conclusion changed, unless that
-conclusion is fragile (its corrected p within a factor of 2 of alpha, here or in the
-committed run: float noise may flip it). Fragile changes are listed, never failed. With nothing
-to compare with (no committed dvc.lock), verify() raises MissingFileError and the command
-exits 1 with its message.
+README states it and the measurement it comes from), a conclusion changed, or something the
+commit has is missing from the workspace, unless that conclusion is fragile (its corrected p
+within a factor of 2 of alpha, here or in the committed run: float noise may flip it).
+Fragile changes are listed, never failed. The last line says why it fails, in one line,
+naming differing params there too. With nothing to compare with (no committed dvc.lock),
+verify() raises MissingFileError and the command exits 1 with its message.
 """
 from __future__ import annotations
 
@@ -65,10 +71,15 @@ class CellChange:
 @dataclass
 class Verification:
     identical: bool
+    outputs_missing: list[str] = field(default_factory=list)      # dvc.lock's outputs not in the workspace
+    stages_stale: list[str] = field(default_factory=list)         # `dvc status`: not up to date
+    params_changed: list[str] = field(default_factory=list)       # "key: committed -> workspace"
     outputs_changed: list[str] = field(default_factory=list)
     cells: list[CellChange] = field(default_factory=list)
-    cells_missing: list[str] = field(default_factory=list)
+    cells_new: list[str] = field(default_factory=list)            # only in the workspace: listed
+    cells_missing: list[str] = field(default_factory=list)        # only in the commit: not comparable
     conclusions_changed: list[dict] = field(default_factory=list)   # {report, id, before, after, fragile}
+    conclusions_new: list[str] = field(default_factory=list)
     conclusions_unmatched: list[str] = field(default_factory=list)
     tolerance: float = TOLERANCE_TEST_IMAGES
 
@@ -81,9 +92,66 @@ class Verification:
         return [c for c in self.conclusions_changed if not c["fragile"]]
 
     @property
+    def workspace_finished(self) -> bool:
+        return not (self.outputs_missing or self.stages_stale)
+
+    def why_not(self) -> str | None:
+        """One line: why the workspace does not reproduce the commit (None: it does)."""
+        if self.outputs_missing:
+            return (f"{len(self.outputs_missing)} output(s) dvc.lock records are not in the workspace "
+                    f"(first: {self.outputs_missing[0]}): run ./run.sh repro first")
+        if self.stages_stale:
+            return (f"dvc status: {len(self.stages_stale)} stage(s) not up to date (first: {self.stages_stale[0]}): "
+                    "the workspace is not one run's output; finish ./run.sh repro, then verify")
+        if self.identical:
+            return None
+        reasons = list(filter(None, [
+            f"{len(self.cells_beyond_tolerance)} cell(s) beyond tolerance" if self.cells_beyond_tolerance else "",
+            f"{len(self.failing_conclusions)} conclusion(s) changed" if self.failing_conclusions else "",
+            f"{len(self.cells_missing) + len(self.conclusions_unmatched)} output(s) of the commit with no "
+            "counterpart in the workspace" if self.cells_missing or self.conclusions_unmatched else ""]))
+        if not reasons:
+            return None
+        if self.params_changed:
+            keys = ", ".join(c.split(":")[0] for c in self.params_changed)
+            reasons.append(f"params.yaml differs from the commit in {keys}: another configuration, not a re-run")
+        return "; ".join(reasons)
+
+    @property
     def ok(self) -> bool:
-        return self.identical or not (self.cells_beyond_tolerance or self.failing_conclusions
-                                      or self.cells_missing or self.conclusions_unmatched)
+        return self.why_not() is None
+
+
+def dvc_status(repo: Path) -> list[str]:
+    """The stages `dvc status` reports as changed in `repo` (empty: every stage up to date)."""
+    r = subprocess.run([sys.executable, "-m", "dvc", "status", "--json"], cwd=repo,
+                       capture_output=True, text=True)
+    text = r.stdout.strip()
+    try:
+        changed = json.loads(text) if text else {}
+    except json.JSONDecodeError:
+        changed = None
+    if r.returncode not in (0, 1) or not isinstance(changed, dict):
+        raise StructinitError(f"`dvc status` failed in {repo}: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+    return sorted(changed)
+
+
+def _flat(d, prefix: str = "") -> dict[str, object]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay whole."""
+    out = {}
+    for k, v in (d or {}).items():
+        key = f"{prefix}{k}"
+        out.update(_flat(v, key + ".") if isinstance(v, dict) and v else {key: v})
+    return out
+
+
+def params_changes(committed_text: str | None, workspace_text: str | None) -> list[str]:
+    """Every params.yaml key whose value differs: "key: committed -> workspace"."""
+    before = _flat(yaml.safe_load(committed_text or "") or {})
+    after = _flat(yaml.safe_load(workspace_text or "") or {})
+    missing = "(absent)"
+    return [f"{k}: {before.get(k, missing)} -> {after.get(k, missing)}"
+            for k in sorted(before.keys() | after.keys()) if before.get(k, missing) != after.get(k, missing)]
 
 
 def _git_show(repo: Path, rev: str, path: str) -> str | None:
@@ -123,55 +191,94 @@ def _accuracies(read, files: list[str]) -> dict[tuple[str, int], tuple[str, floa
     return out
 
 
-def verify(repo: str | Path = ".", against: str = "HEAD", tolerance: float = TOLERANCE_TEST_IMAGES) -> Verification:
+def verify(repo: str | Path = ".", against: str = "HEAD", tolerance: float = TOLERANCE_TEST_IMAGES,
+           status=None) -> Verification:
+    """Judge the workspace of `repo` against commit `against` (module docstring). status(repo)
+    -> stale stage names: `dvc status` (dvc_status) unless given."""
     repo = Path(repo)
     committed_lock = _git_show(repo, against, "dvc.lock")
     if committed_lock is None:
         raise MissingFileError(f"{against} has no dvc.lock: nothing committed to compare with")
-    workspace_lock = (repo / "dvc.lock").read_text()
+    lock_path = repo / "dvc.lock"
+    workspace_lock = lock_path.read_text() if lock_path.exists() else ""
     before, after = output_hashes(committed_lock), output_hashes(workspace_lock)
-    changed = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
-    v = Verification(identical=not changed, outputs_changed=changed, tolerance=tolerance)
+
+    # 1. a finished run: its outputs there, every stage up to date
+    missing = sorted(p for p in after if not (repo / p).exists())
+    if not workspace_lock:
+        missing = ["dvc.lock"]
+    v = Verification(identical=False, outputs_missing=missing, tolerance=tolerance)
+    if missing:
+        return v
+    v.stages_stale = (status or dvc_status)(repo)
+    if v.stages_stale:
+        return v
+
+    # 2. the configuration; 3. bytes
+    params = repo / "params.yaml"
+    v.params_changed = params_changes(_git_show(repo, against, "params.yaml"),
+                                      params.read_text() if params.exists() else None)
+    v.outputs_changed = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+    v.identical = not v.outputs_changed
     if v.identical:
         return v
 
+    # 4. the cells both runs have
     committed_results = _git_files(repo, against, "results")
     workspace_results = [p.relative_to(repo).as_posix() for p in (repo / "results").rglob("metrics.json")]
     acc_before = _accuracies(lambda f: _git_show(repo, against, f), committed_results)
     acc_after = _accuracies(lambda f: (repo / f).read_text() if (repo / f).exists() else None, workspace_results)
     by_cell: dict[str, CellChange] = {}
+    cells_before = {cell for cell, _ in acc_before}
     for key in sorted(acc_before.keys() | acc_after.keys()):
         cell, seed = key
-        if key not in acc_before or key not in acc_after:
-            v.cells_missing.append(f"{cell} seed {seed}: only in the {'workspace' if key in acc_after else 'commit'}")
+        if key not in acc_before:
+            what = "a new cell" if cell not in cells_before else "a new seed"
+            v.cells_new.append(f"{cell} seed {seed}: {what}, only in the workspace")
+            continue
+        if key not in acc_after:
+            v.cells_missing.append(f"{cell} seed {seed}: only in the commit")
             continue
         dataset, b = acc_before[key]
         change = by_cell.setdefault(cell, CellChange(cell, dataset, TEST_IMAGES.get(dataset, 0), {}))
         change.seeds[seed] = (b, acc_after[key][1])
     v.cells = list(by_cell.values())
 
+    # 5. the conclusions both runs have
     for name in sorted({Path(f).name for f in _git_files(repo, against, CONCLUSIONS_DIR)}
                        | {p.name for p in (repo / CONCLUSIONS_DIR).glob("*.json")}):
         old_text = _git_show(repo, against, f"{CONCLUSIONS_DIR}/{name}")
         new_path = repo / CONCLUSIONS_DIR / name
-        if old_text is None or not new_path.exists():
-            v.conclusions_unmatched.append(f"{name}: only in the {'workspace' if old_text is None else 'commit'}")
+        if old_text is None:
+            v.conclusions_new.append(f"{name}: only in the workspace")
+            continue
+        if not new_path.exists():
+            v.conclusions_unmatched.append(f"{name}: only in the commit")
             continue
         old = {c["id"]: c for c in json.loads(old_text)["conclusions"]}
         new = {c["id"]: c for c in json.loads(new_path.read_text())["conclusions"]}
         for cid in sorted(old.keys() | new.keys()):
-            if cid not in old or cid not in new:
-                v.conclusions_unmatched.append(f"{name}: {cid}: only in the {'workspace' if cid in new else 'commit'}")
+            if cid not in old:
+                v.conclusions_new.append(f"{name}: {cid}: only in the workspace")
+            elif cid not in new:
+                v.conclusions_unmatched.append(f"{name}: {cid}: only in the commit")
             elif old[cid]["verdict"] != new[cid]["verdict"]:
                 v.conclusions_changed.append({
                     "report": name, "id": cid, "before": old[cid]["verdict"], "after": new[cid]["verdict"],
-                    "p_before": _adjusted_p(old[cid]), "p_after": _adjusted_p(new[cid]),
+                    "p_label": _p_label(new[cid]), "p_before": _adjusted_p(old[cid]), "p_after": _adjusted_p(new[cid]),
                     "fragile": bool(old[cid].get("fragile") or new[cid].get("fragile"))})
     return v
 
 
+def _p_label(conclusion: dict) -> str:
+    """What the compared p is: the primary is tested alone (its p), a secondary contrast
+    within Holm's family (its Holm-adjusted p)."""
+    return {"primary": "p", "secondary": "Holm p"}.get(conclusion.get("role"), "adjusted p")
+
+
 def _adjusted_p(conclusion: dict) -> float:
-    """A conclusion's adjusted p (`p_holm` in records written before the paired statistics)."""
+    """The p a conclusion's verdict rests on (`p_adjusted`; `p_holm` in records written before
+    the paired statistics)."""
     return conclusion.get("p_adjusted", conclusion.get("p_holm"))
 
 
@@ -180,33 +287,41 @@ def _p(x) -> str:
 
 
 def render(v: Verification, against: str) -> str:
+    verdict = v.why_not()
+    if not v.workspace_finished:
+        items = v.outputs_missing or v.stages_stale
+        head = "missing from the workspace" if v.outputs_missing else "not up to date (dvc status)"
+        return "\n".join([f"{len(items)} {head}:", *[f"  {i}" for i in items[:10]],
+                          *([f"  ... and {len(items) - 10} more"] if len(items) > 10 else []),
+                          "", f"verdict: NOT verified: {verdict}"])
+    lines = []
+    if v.params_changed:
+        lines += [f"params.yaml differs from {against} (the comparison covers what both runs have):",
+                  *[f"  {c}" for c in v.params_changed], ""]
     if v.identical:
-        return f"identical bytes: every output in dvc.lock has the hash {against} committed"
-    lines = [f"{len(v.outputs_changed)} output(s) differ in bytes from {against} (expected on another CPU: "
-             "docs/reproducibility.md); comparing what they conclude.", "",
-             f"Accuracy per cell, in test images (workspace - {against}); tolerance: a cell's mean "
-             f"over seeds within ±{v.tolerance:g} images:"]
+        return "\n".join(lines + [f"identical bytes: every output in dvc.lock has the hash {against} committed, "
+                                  "and the workspace is up to date with it"])
+    lines += [f"{len(v.outputs_changed)} output(s) differ in bytes from {against} (expected on another CPU: "
+              "docs/reproducibility.md); comparing what they conclude.", "",
+              f"Accuracy per cell, in test images (workspace - {against}); tolerance: a cell's mean "
+              f"over seeds within ±{v.tolerance:g} images:"]
     for c in v.cells:
         seeds = " ".join(f"s{s}:{c.images_moved(s):+.0f}" for s in sorted(c.seeds))
         flag = "  <-- beyond tolerance" if abs(c.mean_images_moved) > v.tolerance else ""
         lines.append(f"  {c.cell}: mean {c.mean_images_moved:+.1f} of {c.test_images} ({seeds}){flag}")
     lines += [f"  {m}  <-- not comparable" for m in v.cells_missing]
+    lines += [f"  {m}  (new: listed, not compared)" for m in v.cells_new]
     lines += ["", "Conclusions (reports/conclusions/*.json):"]
     if not v.conclusions_changed and not v.conclusions_unmatched:
-        lines.append("  every conclusion is the same")
+        lines.append("  every conclusion both runs have is the same")
     for c in v.conclusions_changed:
         tag = "fragile, not failed" if c["fragile"] else "CHANGED"
         lines.append(f"  {c['report']}: {c['id']}: {c['before']} -> {c['after']} "
-                     f"(Holm p {_p(c['p_before'])} -> {_p(c['p_after'])}) [{tag}]")
+                     f"({c['p_label']} {_p(c['p_before'])} -> {_p(c['p_after'])}) [{tag}]")
     lines += [f"  {m}  <-- not comparable" for m in v.conclusions_unmatched]
-    lines += ["", "verdict: " + ("reproduced: the same conclusions, accuracies within tolerance" if v.ok else
-                                 "NOT reproduced: " + "; ".join(filter(None, [
-                                     f"{len(v.cells_beyond_tolerance)} cell(s) beyond tolerance"
-                                     if v.cells_beyond_tolerance else "",
-                                     f"{len(v.failing_conclusions)} conclusion(s) changed"
-                                     if v.failing_conclusions else "",
-                                     "outputs that cannot be compared" if v.cells_missing or v.conclusions_unmatched
-                                     else ""])))]
+    lines += [f"  {m}  (new: listed, not compared)" for m in v.conclusions_new]
+    lines += ["", "verdict: " + ("reproduced: the same conclusions, accuracies within tolerance" if verdict is None
+                                 else f"NOT reproduced: {verdict}")]
     return "\n".join(lines)
 
 
