@@ -4,14 +4,18 @@
 #   ./run.sh test  [pytest args]      the test suite (what CI runs)
 #   ./run.sh verify [--against REV]   after repro: the same bytes as committed, or else the
 #                                     same conclusions and accuracies within tolerance
+#   ./run.sh pins                     rewrite constraints.txt from the environment (after a change
+#                                     of pyproject.toml's dependencies; see docs/reproducibility.md)
 #   ./run.sh <cmd> [args]             any command inside the project's environment
 #   ./run.sh help                     this text (also with no argument), before any set-up
 # The environment is a virtualenv in .venv (override with VENV=...), built on first use and
-# rebuilt when pyproject.toml changes. TORCH_SPEC picks the torch build to install.
+# rebuilt when pyproject.toml or constraints.txt changes, every package at the version
+# constraints.txt pins (STRUCTINIT_CONSTRAINTS= to install unpinned). TORCH_SPEC picks the
+# torch build to install.
 set -euo pipefail
 cd "$(dirname "$0")"
 usage() {
-  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
   cat <<'EOF'
 
 Needs: Python >= 3.10 with its venv module (Debian/Ubuntu: apt install python3-venv), git, and
@@ -30,21 +34,25 @@ command -v git >/dev/null || { echo "run.sh: git not found: install git (DVC nee
 VENV=${VENV:-.venv}
 case "$VENV" in /*) ;; *) VENV="$PWD/$VENV" ;; esac   # absolute: PATH below must not depend on cwd
 TORCH_SPEC=${TORCH_SPEC:-"torch==2.14.1 torchvision==0.29.1"}
-if [ ! -f "$VENV/.structinit-installed" ] || [ pyproject.toml -nt "$VENV/.structinit-installed" ]; then
+CONSTRAINTS=${STRUCTINIT_CONSTRAINTS-constraints.txt}   # every package's version, transitive ones included
+PIN=()
+[ -n "$CONSTRAINTS" ] && PIN=(-c "$CONSTRAINTS")
+if [ ! -f "$VENV/.structinit-installed" ] || [ pyproject.toml -nt "$VENV/.structinit-installed" ] ||
+   { [ -n "$CONSTRAINTS" ] && [ "$CONSTRAINTS" -nt "$VENV/.structinit-installed" ]; }; then
   echo "setting up $VENV (first run: a few minutes) ..." >&2
   python3 -c 'import venv, ensurepip' 2>/dev/null ||
     { echo "run.sh: Python's venv module is missing (Debian/Ubuntu: apt install python3-venv)" >&2; exit 2; }
   python3 -m venv "$VENV"
   # shellcheck disable=SC2086
-  "$VENV/bin/pip" install -q --disable-pip-version-check $TORCH_SPEC
-  "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[pipeline,test]'
+  "$VENV/bin/pip" install -q --disable-pip-version-check $TORCH_SPEC "${PIN[@]}"
+  "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[pipeline,test]' "${PIN[@]}"
   touch "$VENV/.structinit-installed"
 fi
 cmd=$1
 shift
-if [ "$cmd" = test ] && [ ! -f "$VENV/.structinit-scale-installed" -o "$VENV/.structinit-installed" -nt "$VENV/.structinit-scale-installed" ]; then
+if { [ "$cmd" = test ] || [ "$cmd" = pins ]; } && [ ! -f "$VENV/.structinit-scale-installed" -o "$VENV/.structinit-installed" -nt "$VENV/.structinit-scale-installed" ]; then
   # the tests also cover the optional scale-out extra (Ray); ./run.sh repro never needs it
-  if "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[pipeline,test,scale]'; then
+  if "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[pipeline,test,scale]' "${PIN[@]}"; then
     touch "$VENV/.structinit-scale-installed"
   else   # tests/test_fanout.py then skips (fails under .ci/run, which requires it)
     echo "warning: could not install the scale extra (Ray); its tests will skip" >&2
@@ -56,5 +64,12 @@ case "$cmd" in
          exec python -m pytest "$@" ;;
   repro) exec dvc repro "$@" ;;
   verify) exec python -m structinit.pipeline.verify "$@" ;;
+  pins)  # pip freeze: every installed distribution but this project, each at its version
+         { echo "# Every package the environment holds, transitive ones included, at the version tested:"
+           echo "# ./run.sh installs with -c constraints.txt. Written by ./run.sh pins (pip freeze of the"
+           echo "# environment with the pipeline, test and scale extras); tests/test_pins.py compares."
+           python -m pip freeze --all --exclude-editable --disable-pip-version-check | grep -v '^-e \|^pip=='
+         } > constraints.txt.tmp && mv constraints.txt.tmp constraints.txt
+         echo "constraints.txt: $(grep -c '==' constraints.txt) packages pinned" ;;
   *)     exec "$cmd" "$@" ;;
 esac
