@@ -13,7 +13,7 @@ repeats, the runs of one repeat interleaved so machine load hits all alike. The 
 grid's seeds, one cell's stack). On CPU the trainer splits each batch into one single-threaded
 chunk per core (cpu_chunks, "auto"); the row "stacked R, cpu_chunks=1" is the same stack with
 PyTorch's intra-op threads instead, so the two rows show what the chunks still buy;
---chunk-rows adds rows with other chunk counts (auto picks one: structinit/training/cpu_chunks.py). Runs
+--chunk-rows adds rows with other chunk counts (auto picks one: structinit/training/gradient_step.py). Runs
 unchanged on a GPU, where stacking packs several small models onto one device.
 """
 import argparse

@@ -8,7 +8,7 @@ rand-m9-mstd0.5-inc1 by default, the paper's). The baseline is the usual loop: a
 DataLoader with worker processes, per-image torchvision/timm PIL transforms, an eager timm
 model and a `.item()` per step. Ours is `structinit.train_model`: data resident on the
 device, batched augmentation there, no host sync in the step loop, and on CPU each batch run
-as one single-threaded chunk per core with the gradients summed (structinit/training/cpu_chunks.py).
+as one single-threaded chunk per core with the gradients summed (structinit/training/gradient_step.py).
 Runs alternate, so machine load hits both alike; repeat r uses seed r. Two more rows split the
 gain: "ours, cpu_chunks=1" is our trainer with the step run as the baseline runs it (one
 chunk, intra-op threads), and "model step only" times that step alone (fwd, bwd, clip, AdamW

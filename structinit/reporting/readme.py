@@ -9,12 +9,15 @@ generated file's text, verbatim.
     python -m structinit.reporting.readme --write    # refresh them from their files
 
 tests/test_readme_numbers.py fails when a block differs from the file it quotes, so a number
-in the README cannot outlive the report it came from.
+in the README cannot outlive the report it came from. A page as committed quotes the files as
+committed: after a run on another CPU (other bytes in reports/), an unedited README is
+checked against the committed reports, not the workspace's.
 """
 from __future__ import annotations
 
 import argparse
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,25 +30,46 @@ def includes(text: str) -> list[tuple[str, str]]:
     return [(m["path"], m["body"]) for m in BLOCK.finditer(text)]
 
 
-def refreshed(text: str, root: Path) -> str:
-    """The page with every block's body replaced by its file's current text."""
+def refreshed(text: str, root: Path, read=None) -> str:
+    """The page with every block's body replaced by its file's current text (read(path) ->
+    the text a block should hold; the workspace file by default)."""
     def fill(m):
-        source = root / m["path"]
-        if not source.exists():
-            raise FileNotFoundError(f"an include block quotes {m['path']}, which does not exist")
-        body = source.read_text()
+        if read is not None:
+            body = read(m["path"])
+        else:
+            source = root / m["path"]
+            if not source.exists():
+                raise FileNotFoundError(f"an include block quotes {m['path']}, which does not exist")
+            body = source.read_text()
         return m.group(1) + body + ("" if body.endswith("\n") else "\n") + m.group(4)
     return BLOCK.sub(fill, text)
 
 
-def stale_blocks(root: Path) -> list[str]:
-    """'page: path' for every block whose text differs from its file."""
+def _committed(root: Path, path: str) -> str | None:
+    """`path` as HEAD has it (None outside git, or where HEAD lacks it)."""
+    r = subprocess.run(["git", "show", f"HEAD:{path}"], cwd=root, capture_output=True, text=True)
+    return r.stdout if r.returncode == 0 else None
+
+
+def stale_blocks(root: Path, committed: bool = True) -> list[str]:
+    """'page: path' for every block whose text differs from its file. committed: a page whose
+    text is HEAD's quotes the files as HEAD has them (a re-run's other bytes in the workspace
+    do not make the committed README stale); an edited page quotes the workspace's."""
     out = []
     for page in PAGES:
         path = root / page
         if path.exists():
             text = path.read_text()
-            fresh = includes(refreshed(text, root))
+            read = None
+            if committed and _committed(root, page) == text:
+                def read(quoted, _root=root):
+                    head = _committed(_root, quoted)
+                    if head is not None:
+                        return head
+                    if not (_root / quoted).exists():
+                        raise FileNotFoundError(f"an include block quotes {quoted}, which does not exist")
+                    return (_root / quoted).read_text()
+            fresh = includes(refreshed(text, root, read))
             out += [f"{page}: {p}" for (p, body), (_, new) in zip(includes(text), fresh) if body != new]
     return out
 
@@ -70,7 +94,7 @@ def _run(root: Path, write: bool) -> list[str]:
             path = root / page
             if path.exists():
                 path.write_text(refreshed(path.read_text(), root))
-    stale = stale_blocks(root)
+    stale = stale_blocks(root, committed=False)
     for s in stale:
         print(f"stale: {s}")
     return stale
