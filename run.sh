@@ -18,7 +18,7 @@ usage() {
   sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
   cat <<'EOF'
 
-Needs: Python >= 3.10 with its venv module (Debian/Ubuntu: apt install python3-venv), git, and
+Needs: Python >= 3.11 (the pinned numpy, SciPy and scikit-learn need it) with its venv module (Debian/Ubuntu: apt install python3-venv), git, and
 for `dvc exp run` a git identity (git config user.name / user.email). CPU-only machines can
 skip CUDA's wheels: TORCH_SPEC="torch==2.14.1 torchvision==0.29.1 --index-url
 https://download.pytorch.org/whl/cpu" ./run.sh repro (TORCH_SPEC counts when .venv is built:
@@ -27,9 +27,9 @@ EOF
 }
 case "${1:-help}" in help|-h|--help) usage; exit 0 ;; esac   # before any set-up: answers at once
 # prerequisites, each with what to do (before minutes of set-up, not after)
-command -v python3 >/dev/null || { echo "run.sh: python3 not found: install Python >= 3.10" >&2; exit 2; }
-python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
-  { echo "run.sh: $(python3 --version 2>&1) found; structinit needs Python >= 3.10" >&2; exit 2; }
+command -v python3 >/dev/null || { echo "run.sh: python3 not found: install Python >= 3.11" >&2; exit 2; }
+python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+  { echo "run.sh: $(python3 --version 2>&1) found; ./run.sh needs Python >= 3.11 (constraints.txt pins releases that need it)" >&2; exit 2; }
 command -v git >/dev/null || { echo "run.sh: git not found: install git (DVC needs it)" >&2; exit 2; }
 VENV=${VENV:-.venv}
 case "$VENV" in /*) ;; *) VENV="$PWD/$VENV" ;; esac   # absolute: PATH below must not depend on cwd
@@ -44,15 +44,15 @@ if [ ! -f "$VENV/.structinit-installed" ] || [ pyproject.toml -nt "$VENV/.struct
     { echo "run.sh: Python's venv module is missing (Debian/Ubuntu: apt install python3-venv)" >&2; exit 2; }
   python3 -m venv "$VENV"
   # shellcheck disable=SC2086
-  "$VENV/bin/pip" install -q --disable-pip-version-check $TORCH_SPEC "${PIN[@]}"
-  "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[pipeline,test]' "${PIN[@]}"
+  "$VENV/bin/pip" install -q --disable-pip-version-check $TORCH_SPEC ${PIN[@]+"${PIN[@]}"}
+  "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[pipeline,test]' ${PIN[@]+"${PIN[@]}"}
   touch "$VENV/.structinit-installed"
 fi
 cmd=$1
 shift
 if { [ "$cmd" = test ] || [ "$cmd" = pins ]; } && [ ! -f "$VENV/.structinit-scale-installed" -o "$VENV/.structinit-installed" -nt "$VENV/.structinit-scale-installed" ]; then
   # the tests also cover the optional scale-out extra (Ray); ./run.sh repro never needs it
-  if "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[pipeline,test,scale]' "${PIN[@]}"; then
+  if "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[pipeline,test,scale]' ${PIN[@]+"${PIN[@]}"}; then
     touch "$VENV/.structinit-scale-installed"
   else   # tests/test_fanout.py then skips (fails under .ci/run, which requires it)
     echo "warning: could not install the scale extra (Ray); its tests will skip" >&2
@@ -68,7 +68,9 @@ case "$cmd" in
          { echo "# Every package the environment holds, transitive ones included, at the version tested:"
            echo "# ./run.sh installs with -c constraints.txt. Written by ./run.sh pins (pip freeze of the"
            echo "# environment with the pipeline, test and scale extras); tests/test_pins.py compares."
-           python -m pip freeze --all --exclude-editable --disable-pip-version-check | grep -v '^-e \|^pip=='
+           # local labels dropped: torch 2.14.1+cpu and +cu130 are one pin, which either build meets
+           python -m pip freeze --all --exclude-editable --disable-pip-version-check | grep -v '^-e \|^pip==' |
+             sed 's/^\([^=]*==[^+]*\)+.*$/\1/'
          } > constraints.txt.tmp && mv constraints.txt.tmp constraints.txt
          echo "constraints.txt: $(grep -c '==' constraints.txt) packages pinned" ;;
   *)     exec "$cmd" "$@" ;;

@@ -84,6 +84,7 @@ def test_the_scale_extra_declares_what_fanout_imports():
 
 def test_run_sh_installs_with_the_constraints_and_rebuilds_when_they_change():
     text = (REPO / "run.sh").read_text()
-    assert text.count('"${PIN[@]}"') >= 3                   # torch, the project, the scale extra
+    # torch, the project, the scale extra; an empty PIN (STRUCTINIT_CONSTRAINTS=) must not trip `set -u`
+    assert text.count('${PIN[@]+"${PIN[@]}"}') >= 3
     assert 'PIN=(-c "$CONSTRAINTS")' in text and "CONSTRAINTS=${STRUCTINIT_CONSTRAINTS-constraints.txt}" in text
     assert '[ "$CONSTRAINTS" -nt "$VENV/.structinit-installed" ]' in text

@@ -24,7 +24,7 @@ def test_help_answers_at_once_and_builds_nothing(tmp_path, args):
     start = time.perf_counter()
     r = run_sh(*args, env_extra={"VENV": str(venv)})
     assert r.returncode == 0, r.stderr
-    assert "./run.sh repro" in r.stdout and "./run.sh test" in r.stdout and "Python >= 3.10" in r.stdout
+    assert "./run.sh repro" in r.stdout and "./run.sh test" in r.stdout and "Python >= 3.11" in r.stdout
     assert time.perf_counter() - start < 10
     assert not venv.exists()                       # no set-up ran
 
@@ -50,7 +50,7 @@ def test_an_old_python_is_named_before_any_set_up(tmp_path):
     venv = tmp_path / "venv"
     r = run_sh("repro", env_extra={"VENV": str(venv)}, path=fake_bin(tmp_path, "3.8"))
     assert r.returncode == 2
-    assert "Python 3.8.0 found; structinit needs Python >= 3.10" in r.stderr
+    assert "Python 3.8.0 found; ./run.sh needs Python >= 3.11" in r.stderr
     assert not venv.exists()
 
 

@@ -132,7 +132,8 @@ def dvc_status(repo: Path) -> list[str]:
     except json.JSONDecodeError:
         changed = None
     if r.returncode not in (0, 1) or not isinstance(changed, dict):
-        raise StructinitError(f"`dvc status` failed in {repo}: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+        said = (r.stderr or r.stdout).strip().splitlines()
+        raise StructinitError(f"`dvc status` failed in {repo}: {said[-1] if said else f'exit {r.returncode}'}")
     return sorted(changed)
 
 
@@ -171,7 +172,8 @@ def output_hashes(lock_text: str) -> dict[str, str]:
     out = {}
     for stage in (lock.get("stages") or {}).values():
         for o in stage.get("outs") or []:
-            out[o["path"]] = o.get("md5") or o.get("hash") or ""
+            # DVC 3: `hash` names the algorithm ("md5"), whose key holds the value
+            out[o["path"]] = o.get(o.get("hash") or "md5") or o.get("md5") or ""
     return out
 
 
@@ -320,8 +322,10 @@ def render(v: Verification, against: str) -> str:
                      f"({c['p_label']} {_p(c['p_before'])} -> {_p(c['p_after'])}) [{tag}]")
     lines += [f"  {m}  <-- not comparable" for m in v.conclusions_unmatched]
     lines += [f"  {m}  (new: listed, not compared)" for m in v.conclusions_new]
-    lines += ["", "verdict: " + ("reproduced: the same conclusions, accuracies within tolerance" if verdict is None
-                                 else f"NOT reproduced: {verdict}")]
+    also = (f" (params.yaml differs from {against} in {', '.join(c.split(':')[0] for c in v.params_changed)})"
+            if v.params_changed and verdict is None else "")
+    lines += ["", "verdict: " + ("reproduced: the same conclusions, accuracies within tolerance" + also
+                                 if verdict is None else f"NOT reproduced: {verdict}")]
     return "\n".join(lines)
 
 

@@ -11,7 +11,10 @@ generated file's text, verbatim.
 tests/test_readme_numbers.py fails when a block differs from the file it quotes, so a number
 in the README cannot outlive the report it came from. A page as committed quotes the files as
 committed: after a run on another CPU (other bytes in reports/), an unedited README is
-checked against the committed reports, not the workspace's.
+checked against the committed reports, not the workspace's. The price: reports regenerated
+and not yet committed, with the README left as it is, pass locally; `python -m
+structinit.reporting.readme` (workspace against workspace) says so before the commit, and a
+clean clone's suite after it.
 """
 from __future__ import annotations
 
