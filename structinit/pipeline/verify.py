@@ -92,6 +92,11 @@ class Verification:
         return [c for c in self.conclusions_changed if not c["fragile"]]
 
     @property
+    def params_changed_keys(self) -> str:
+        """The differing params.yaml keys, comma-separated."""
+        return ", ".join(c.split(":")[0] for c in self.params_changed)
+
+    @property
     def workspace_finished(self) -> bool:
         return not (self.outputs_missing or self.stages_stale)
 
@@ -113,8 +118,8 @@ class Verification:
         if not reasons:
             return None
         if self.params_changed:
-            keys = ", ".join(c.split(":")[0] for c in self.params_changed)
-            reasons.append(f"params.yaml differs from the commit in {keys}: another configuration, not a re-run")
+            reasons.append(f"params.yaml differs from the commit in {self.params_changed_keys}: another "
+                           "configuration, not a re-run")
         return "; ".join(reasons)
 
     @property
@@ -322,7 +327,7 @@ def render(v: Verification, against: str) -> str:
                      f"({c['p_label']} {_p(c['p_before'])} -> {_p(c['p_after'])}) [{tag}]")
     lines += [f"  {m}  <-- not comparable" for m in v.conclusions_unmatched]
     lines += [f"  {m}  (new: listed, not compared)" for m in v.conclusions_new]
-    also = (f" (params.yaml differs from {against} in {', '.join(c.split(':')[0] for c in v.params_changed)})"
+    also = (f" (params.yaml differs from {against} in {v.params_changed_keys})"
             if v.params_changed and verdict is None else "")
     lines += ["", "verdict: " + ("reproduced: the same conclusions, accuracies within tolerance" + also
                                  if verdict is None else f"NOT reproduced: {verdict}")]

@@ -34,18 +34,23 @@ def includes(text: str) -> list[tuple[str, str]]:
 
 
 def refreshed(text: str, root: Path, read=None) -> str:
-    """The page with every block's body replaced by its file's current text (read(path) ->
-    the text a block should hold; the workspace file by default)."""
+    """The page with every block's body replaced by its file's text: read(path), the workspace
+    file by default."""
+    read = read or _workspace_reader(root)
+
     def fill(m):
-        if read is not None:
-            body = read(m["path"])
-        else:
-            source = root / m["path"]
-            if not source.exists():
-                raise FileNotFoundError(f"an include block quotes {m['path']}, which does not exist")
-            body = source.read_text()
+        body = read(m["path"])
         return m.group(1) + body + ("" if body.endswith("\n") else "\n") + m.group(4)
     return BLOCK.sub(fill, text)
+
+
+def _workspace_reader(root: Path):
+    def read(path: str) -> str:
+        source = root / path
+        if not source.exists():
+            raise FileNotFoundError(f"an include block quotes {path}, which does not exist")
+        return source.read_text()
+    return read
 
 
 def _committed(root: Path, path: str) -> str | None:
@@ -58,20 +63,18 @@ def stale_blocks(root: Path, committed: bool = True) -> list[str]:
     """'page: path' for every block whose text differs from its file. committed: a page whose
     text is HEAD's quotes the files as HEAD has them (a re-run's other bytes in the workspace
     do not make the committed README stale); an edited page quotes the workspace's."""
+    workspace = _workspace_reader(root)
+
+    def as_committed(path: str) -> str:
+        head = _committed(root, path)
+        return head if head is not None else workspace(path)
+
     out = []
     for page in PAGES:
         path = root / page
         if path.exists():
             text = path.read_text()
-            read = None
-            if committed and _committed(root, page) == text:
-                def read(quoted, _root=root):
-                    head = _committed(_root, quoted)
-                    if head is not None:
-                        return head
-                    if not (_root / quoted).exists():
-                        raise FileNotFoundError(f"an include block quotes {quoted}, which does not exist")
-                    return (_root / quoted).read_text()
+            read = as_committed if committed and _committed(root, page) == text else workspace
             fresh = includes(refreshed(text, root, read))
             out += [f"{page}: {p}" for (p, body), (_, new) in zip(includes(text), fresh) if body != new]
     return out
