@@ -290,6 +290,7 @@ def test_the_first_experiment_after_a_clone_retrains_unless_allow_missing(tiny_r
     (the reports), and `aggregate` alone runs from the committed results: the headline becomes
     Imp.-5. Then back to the committed state."""
     repo, _ = tiny_repo
+    set_params(repo, **{"grid.kernels": [3, 5], "init.kernel": 3})   # whatever an earlier test's experiment left
     sh(repo, "dvc", "repro")
     sh(repo, "git", "add", "-A")
     sh(repo, "git", "commit", "-qm", "committed run", check=False)      # nothing to commit after the remote test
