@@ -35,6 +35,57 @@ def refuse_removed_setting(environ=os.environ) -> None:
             "docs/reproducibility.md says what holds.")
 
 
+# How a training stage runs, never what it computes: environment variables, so that they stay
+# out of the stage's command and params (DVC would count them as another cell).
+CHECKPOINT_SECONDS_VAR = "STRUCTINIT_CHECKPOINT_SECONDS"   # seconds between checkpoint writes
+RESTART_VAR = "STRUCTINIT_RESTART"                          # 1: discard a cell's checkpoint, start afresh
+ALLOW_CPU_VAR = "STRUCTINIT_ALLOW_CPU"                      # 1: train a GPU recipe on a CPU anyway
+DEFAULT_CHECKPOINT_SECONDS = 30.0
+# The embedded dataset's recipe is sized for a CPU; every other built-in dataset's (the paper's
+# CIFAR-10/100, SVHN, ImageNet recipes) for GPUs: ViT-T/2 on CIFAR-10 takes weeks on a CPU.
+CPU_DATASETS = ("digits",)
+
+
+def requested_checkpoint_seconds(environ=os.environ) -> float:
+    """STRUCTINIT_CHECKPOINT_SECONDS: a training checkpoint is written at the end of an epoch
+    once this many seconds have passed since the last one (default 30; 0: every epoch)."""
+    raw = environ.get(CHECKPOINT_SECONDS_VAR, "")
+    if not raw:
+        return DEFAULT_CHECKPOINT_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise StructinitError(f"{CHECKPOINT_SECONDS_VAR}={raw!r}: give a number of seconds >= 0 "
+                              f"(0: every epoch; unset: {DEFAULT_CHECKPOINT_SECONDS:g})")
+    return seconds
+
+
+def restart_requested(environ=os.environ) -> bool:
+    """STRUCTINIT_RESTART=1: the cell's checkpoint is discarded and it trains from its first epoch."""
+    raw = environ.get(RESTART_VAR, "")
+    if raw not in ("", "0", "1"):
+        raise StructinitError(f"{RESTART_VAR}={raw!r}: give 1 (discard the cell's checkpoint) or 0 / unset")
+    return raw == "1"
+
+
+def refuse_cpu_for_gpu_recipe(dataset: str, device_type: str, own_datasets, environ=os.environ) -> None:
+    """A built-in dataset's recipe other than the embedded one is the paper's GPU recipe: on a
+    machine whose torch sees no GPU it stops before any work, unless STRUCTINIT_ALLOW_CPU=1.
+    Your own datasets (own_datasets) carry your recipe and are never refused."""
+    if device_type != "cpu" or dataset in CPU_DATASETS or dataset in own_datasets:
+        return
+    if environ.get(ALLOW_CPU_VAR, "") == "1":
+        print(f"{ALLOW_CPU_VAR}=1: training {dataset}'s GPU recipe on the CPU")
+        return
+    raise StructinitError(
+        f"{dataset}'s recipe is sized for a GPU, and this torch sees none (torch.cuda.is_available() is "
+        f"False): on a CPU it would take days to weeks. Only {', '.join(CPU_DATASETS)} (and your own "
+        f"datasets) train on a CPU by default. Install a CUDA build of torch (docs/scaling-out.md), "
+        f"or set {ALLOW_CPU_VAR}=1 to train on the CPU anyway.")
+
+
 def run_stage(main) -> None:
     """Run a stage's main(). Under DVC (DVC_STAGE set), skip the interpreter's teardown once
     every output is written: finalizing torch + timm + dvclive costs ~1.5 s per stage process.

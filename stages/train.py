@@ -20,15 +20,18 @@ from pathlib import Path
 
 from dvclive import Live
 
-from stages.common import add_variant_options, load_params, log_timings, recipe, run_stage, seeds_at, write_record
+from stages.common import (RESTART_VAR, add_variant_options, load_params, log_timings, recipe,
+                           refuse_cpu_for_gpu_recipe, requested_checkpoint_seconds, restart_requested, run_stage,
+                           seeds_at, write_record)
 from structinit.data.tensors import ImageData, stratified_subset
 from structinit.io import save_torch, without_timings
-from structinit.numerics import numerics_record
+from structinit.numerics import numerics_record, package_versions
 from structinit.pipeline.build import CellModel, build_cell_model
 from structinit.pipeline.cells import parse_init, run_name, seed_dir
 from structinit.training.config import TrainConfig
 from structinit.distributed import DistributedContext, relaunch_under_torchrun, requested_micro_batch
 from structinit.training.steps import match_steps, steps_per_epoch, total_steps
+from structinit.training.common import code_fingerprint
 from structinit.training.trainer import compute_dtype, train_models
 
 
@@ -96,10 +99,12 @@ def data_size_cell(a, train: dict, subset, labels, subset_seed: int):
         "steps": total_steps(train, len(subset)), "main_grid_steps": main_steps}
 
 
-def cell_fingerprint(init_record: dict, subset) -> dict:
-    """What a checkpoint must match to be resumed: configuration only, never timings (a
-    solve's seconds change on every run, and resume would silently never happen)."""
-    return {"init": without_timings(init_record), "subset": [int(i) for i in subset]}
+def cell_fingerprint(init_record: dict, subset, code: str) -> dict:
+    """What a checkpoint must match to be resumed: configuration and code, never timings (a
+    solve's seconds change on every run, and resume would silently never happen). code: the
+    hash of the sources this process trains with (code_fingerprint): epochs trained by other
+    code are not resumed, since dvc.lock will record this code's hash for the outputs."""
+    return {"init": without_timings(init_record), "subset": [int(i) for i in subset], "code": code}
 
 
 def main(module: str = "stages.train", load_data=None, train_cell=None):
@@ -107,11 +112,13 @@ def main(module: str = "stages.train", load_data=None, train_cell=None):
     `train_cell(...)` -> per-seed histories default to the on-device ones; train_streamed.py
     passes its own."""
     a = parse_args()
-    requested_micro_batch()                   # a bad value stops here, before any work
+    requested_micro_batch()                   # bad values stop here, before any work
+    every_s, restart = requested_checkpoint_seconds(), restart_requested()
+    params = load_params()
+    refuse_cpu_for_gpu_recipe(a.dataset, DistributedContext.from_env().device().type, params.get("own_datasets") or {})
     if (status := relaunch_under_torchrun(module, sys.argv[1:])) is not None:
         sys.exit(status)
     main_rank = DistributedContext.from_env().is_main
-    params = load_params()
     rec = recipe(params, a.dataset)
     seeds = seeds_at(params, a.seeds_from)
     spec, labels, data = (load_data or load_on_device)(a, params)
@@ -123,13 +130,20 @@ def main(module: str = "stages.train", load_data=None, train_cell=None):
     models, records = zip(*(build_cell_model(cell_model(a), params, spec, seed) for seed in seeds))
     # Checkpoints live outside DVC's outputs (DVC deletes outputs before a stage runs), so an
     # interrupted cell resumes from its last finished epoch: on-device cells from one file with
-    # every seed (checkpoint.pt), streamed ones seed by seed. STRUCTINIT_CKPT_DIR moves them.
+    # every seed (checkpoint.pt), streamed ones seed by seed. STRUCTINIT_CKPT_DIR moves them;
+    # STRUCTINIT_RESTART=1 discards them (the cell trains from its first epoch).
     cell = Path(a.out).name
     ckpt_dir = Path(os.environ.get("STRUCTINIT_CKPT_DIR", ".ckpt")) / Path(a.out).parent.name / cell
-    fingerprints = [cell_fingerprint(r, subset) for r in records]
+    if restart and main_rank and ckpt_dir.exists():
+        for old in sorted(ckpt_dir.glob("*.pt")):
+            old.unlink()
+            print(f"{RESTART_VAR}=1: discarded {old}; training starts from the first epoch")
+    code = code_fingerprint()                 # after the build: the initializer's file is loaded too
+    fingerprints = [cell_fingerprint(r, subset, code) for r in records]
     device = DistributedContext.from_env().device()      # the one the trainer will pick
     # what the cell computed with: logged beside its params, shown in the reports' "What ran"
     ran_with = {"compute_dtype": compute_dtype(cfgs[0], device, models[0]), "device": device.type,
+                "versions": package_versions(),
                 **({"cpu": (n := numerics_record())["cpu"], "cpu_threads": n["threads"]}
                    if device.type == "cpu" else {})}
     with contextlib.ExitStack() as stack:
@@ -148,7 +162,8 @@ def main(module: str = "stages.train", load_data=None, train_cell=None):
             lives[i].next_step()
 
         histories = (train_cell or train_on_device)(a, list(models), params, data=data, cfgs=cfgs, subset=subset,
-                                                    ckpt_dir=ckpt_dir, fingerprints=fingerprints, log=log)
+                                                    ckpt_dir=ckpt_dir, fingerprints=fingerprints, log=log,
+                                                    checkpoint_every_s=every_s)
         for live, history in zip(lives, histories):
             live.summary["best_test_acc"] = max(h["test_acc"] for h in history if "test_acc" in h)
             live.summary["final_test_acc"] = history[-1]["test_acc"]
@@ -173,12 +188,13 @@ def load_on_device(a, params):
     return data.spec, data.train_labels, data
 
 
-def train_on_device(a, models, params, *, data, cfgs, subset, ckpt_dir, fingerprints, log):
+def train_on_device(a, models, params, *, data, cfgs, subset, ckpt_dir, fingerprints, log, checkpoint_every_s):
     """Every seed at once, stacked, the data on the device (structinit/training/trainer.py)."""
     ctx = DistributedContext.from_env()
     ctx.start()
     histories = train_models(models, data, cfgs, train_indices=subset, checkpoint_path=ckpt_dir / "checkpoint.pt",
-                             fingerprints=fingerprints, on_epoch_end=log, ctx=ctx)
+                             fingerprints=fingerprints, on_epoch_end=log, ctx=ctx,
+                             checkpoint_every_s=checkpoint_every_s, micro_batch=requested_micro_batch())
     ctx.stop()
     return histories
 

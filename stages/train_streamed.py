@@ -18,8 +18,9 @@ def load_manifest(a, params):
     return get_spec(a.dataset), manifest_labels(manifest), manifest
 
 
-def train_streamed_seeds(a, models, params, *, data, cfgs, subset, ckpt_dir, fingerprints, log):
-    """Each seed in turn (one model fills the devices), on every process of this torchrun."""
+def train_streamed_seeds(a, models, params, *, data, cfgs, subset, ckpt_dir, fingerprints, log, checkpoint_every_s):
+    """Each seed in turn (one model fills the devices), on every process of this torchrun.
+    Checkpoints every epoch (an ImageNet epoch is long): checkpoint_every_s is not used."""
     ctx = DistributedContext.from_env()
     ctx.start()
     root = check_root_matches(params["local_datasets"][a.dataset], data)

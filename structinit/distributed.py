@@ -20,7 +20,7 @@ import torch.distributed as dist
 from structinit.errors import ConfigError
 
 NPROC_VAR = "STRUCTINIT_NPROC"                 # processes per cell (e.g. one per GPU)
-MICRO_BATCH_VAR = "STRUCTINIT_MICRO_BATCH"     # images per forward pass per process (streamed trainer)
+MICRO_BATCH_VAR = "STRUCTINIT_MICRO_BATCH"     # images per forward pass per process (and per stacked model)
 
 
 def requested_processes(environ=os.environ) -> int:

@@ -41,6 +41,25 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# The packages whose versions decide a run's bytes (the rest of constraints.txt pins what they
+# need): logged beside each run's params, shown in the reports' "What ran".
+RESULT_PACKAGES = ("torch", "torchvision", "timm", "numpy", "scipy", "scikit-learn", "dvc", "dvclive")
+
+
+def package_versions(packages=RESULT_PACKAGES) -> str:
+    """"python 3.12.3, torch 2.14.1, ...": this process's Python and installed versions (local
+    build labels such as +cpu dropped: constraints.txt pins without them)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(name):
+        try:
+            return version(name).split("+")[0]
+        except PackageNotFoundError:
+            return "not installed"
+    return ", ".join([f"python {platform.python_version()}", *(f"{p} {of(p)}" for p in packages)])
+
+
 def numerics_record() -> dict:
     """What this process computes with on the CPU: model, instruction set ATen dispatches to,
     native bf16, intra-op threads, torch release."""

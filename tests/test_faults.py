@@ -2,6 +2,7 @@
 stage killed with SIGKILL in the middle of `dvc repro` (the next `dvc repro` resumes and gives
 the same bytes). Bad parameters: tests/test_params.py."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -156,10 +157,12 @@ def _outputs(repo: Path, cell: str) -> dict:
     return {str(f.relative_to(repo)): f.read_bytes() for f in files if f.is_file()}
 
 
-def test_kill_9_mid_cell_then_dvc_repro_resumes_to_the_same_bytes(tmp_path):
+def test_kill_9_mid_cell_then_dvc_repro_resumes_to_the_same_bytes(tmp_path, monkeypatch):
     """SIGKILL the whole `dvc repro` (DVC and the stage) once a seed has checkpointed an epoch;
-    the next `dvc repro` resumes from the checkpoints and ends with the same bytes as an
-    uninterrupted run. Then again, with the checkpoint damaged before the re-run."""
+    the next `dvc repro` resumes from the checkpoints (naming the code it matched) and ends with
+    the same bytes as an uninterrupted run. Then again, with the checkpoint damaged before the
+    re-run; then with STRUCTINIT_RESTART=1, which discards a sound checkpoint."""
+    monkeypatch.setenv("STRUCTINIT_CHECKPOINT_SECONDS", "0")       # a checkpoint every epoch
     repo = tiny_repo_copy(tmp_path)
     set_params(repo, **{"recipes.digits.train.epochs": 12, "recipes.digits.train.eval_every": 4})
     sh(repo, "git", "commit", "-qam", "longer")
@@ -188,10 +191,14 @@ def test_kill_9_mid_cell_then_dvc_repro_resumes_to_the_same_bytes(tmp_path):
         return sh(repo, "dvc", "repro", stage)
 
     resumed = kill_mid_run()
-    assert "resuming from" in resumed.stdout
+    assert re.search(r"resuming from \S+ after epoch \d+/12 \(code [0-9a-f]{16}\)", resumed.stdout), resumed.stdout
     assert _outputs(repo, cell) == reference
     restarted = kill_mid_run(damage="flipped byte")
     assert "discarding an unusable checkpoint" in restarted.stdout
+    assert _outputs(repo, cell) == reference
+    monkeypatch.setenv("STRUCTINIT_RESTART", "1")
+    fresh = kill_mid_run()
+    assert f"STRUCTINIT_RESTART=1: discarded {ckpt}" in fresh.stdout and "resuming" not in fresh.stdout
     assert _outputs(repo, cell) == reference
 
 

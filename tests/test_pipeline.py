@@ -87,6 +87,8 @@ def test_repro_builds_reports_and_leaves_git_clean(tiny_repo):
     assert "| Mimetic " in paper and "ImageNet-1K" in paper         # the paper's, always in view
     assert "seeds [0, 1] (n = 2); training images per dataset: 300" in table
     assert "digits: the paper's recipe, departing in: epochs 3 (paper 200)" in table
+    from structinit.numerics import package_versions          # what the stages ran with, as logged
+    assert f"With {package_versions()} (6 runs)" in table      # 3 arms x 2 seeds
     assert "## Conclusions" in table and "n = 2 paired" in table
     assert "Planned but not run (an arm is not in this grid): impulse3 vs mimetic" in table
     preopt = (repo / "reports/preopt_table.md").read_text()

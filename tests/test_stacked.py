@@ -335,3 +335,87 @@ def test_batched_stack_on_cuda_is_each_models_own():
     for i, m in enumerate(models):
         ref = torch.nn.functional.cross_entropy(m(x[i]), y[i], label_smoothing=cfg.label_smoothing)
         assert abs(losses[i].item() - ref.item()) < 0.05
+
+
+def test_a_checkpoint_of_other_code_is_not_resumed_and_the_resume_line_names_the_code(digits, tmp_path, capsys):
+    """The caller's fingerprint carries the code hash (stages/train.py: code_fingerprint):
+    stopped after epoch 2, the same code resumes (and says which code), other code starts
+    afresh and says that the code is what differs."""
+    cfgs = [si.TrainConfig(epochs=3, seed=s, **FAST) for s in (0, 1)]
+    ckpt = tmp_path / "checkpoint.pt"
+
+    def stop_at_2(i, metrics):
+        if metrics["epoch"] == 2 and i == 1:
+            raise Interrupt
+
+    def run(code, callback=None):
+        seen = []
+        train_models(_vits([0, 1]), digits, cfgs, device="cpu", train_indices=SUBSET, progress=True,
+                     checkpoint_path=ckpt, fingerprints=[{"code": code}] * 2,
+                     on_epoch_end=callback or (lambda i, m: seen.append((i, m["epoch"]))))
+        return seen, capsys.readouterr().out
+
+    with pytest.raises(Interrupt):
+        run("c0de", stop_at_2)
+    capsys.readouterr()
+    seen, out = run("0ther")
+    assert "ignoring" in out and "(differs in: code)" in out and "resuming" not in out
+    assert seen[:2] == [(0, 1), (1, 1)]               # trained from its first epoch, not restored
+    with pytest.raises(Interrupt):
+        run("c0de", stop_at_2)
+    capsys.readouterr()
+    seen, out = run("c0de")
+    assert "after epoch 2/3 (code c0de)" in out
+    assert seen[:4] == [(0, 1), (0, 2), (1, 1), (1, 2)]   # the restored epochs, reported first
+
+
+def test_checkpoint_every_s_writes_only_when_due_and_after_the_last_epoch(digits, tmp_path):
+    """With an hour between writes, a run stopped after epoch 2 of 3 has written nothing (it
+    restarts from epoch 1); an uninterrupted one writes once, after its last epoch."""
+    cfgs = [si.TrainConfig(epochs=3, seed=s, **FAST) for s in (0, 1)]
+    ckpt = tmp_path / "checkpoint.pt"
+
+    def stop_at_2(i, metrics):
+        if metrics["epoch"] == 2 and i == 1:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        train_models(_vits([0, 1]), digits, cfgs, device="cpu", train_indices=SUBSET, progress=False,
+                     checkpoint_path=ckpt, on_epoch_end=stop_at_2, checkpoint_every_s=3600)
+    assert not ckpt.exists()
+    train_models(_vits([0, 1]), digits, cfgs, device="cpu", train_indices=SUBSET, progress=False,
+                 checkpoint_path=ckpt, checkpoint_every_s=3600)
+    from structinit.io import load_checked
+    assert load_checked(ckpt, "a checkpoint")["epoch"] == 2          # 0-based: the last of 3
+
+
+def test_micro_batches_are_the_whole_batch_step_to_float_noise():
+    """STRUCTINIT_MICRO_BATCH for the stacked trainer: a batch of 64 per model as pieces of 24
+    (24, 24, 16, weighted by share) gives the one-pass gradients, losses and counts."""
+    from structinit.training.gradient_step import plan_gradient_step
+    from structinit.training.trainer import loss_and_grads
+    cfg = si.TrainConfig(seed=0, **FAST)
+    x, y = torch.randn(2, 64, 1, 8, 8), torch.randint(0, 10, (2, 64))
+    results = []
+    for micro in (None, 24):
+        stack = StackedModels(_vits([0, 1]))
+        step, how = plan_gradient_step(1, stack, torch.device("cpu"), 64,
+                                       lambda s, xb, yb: loss_and_grads(s, xb, yb, cfg, torch.device("cpu")),
+                                       micro_batch=micro)
+        with step:
+            sums = step.collect(step.submit(x, y))
+        results.append((sums, {k: p.grad.clone() for k, p in stack.trainable().items()}, how))
+    (whole_sums, whole, _), (micro_sums, micro, how) = results
+    assert how.startswith("3 micro-batches of <= 24 images per model")
+    torch.testing.assert_close(micro_sums[0], whole_sums[0], atol=1e-4, rtol=1e-5)
+    assert torch.equal(micro_sums[1], whole_sums[1])
+    assert whole.keys() == micro.keys()
+    for k in whole:
+        torch.testing.assert_close(micro[k], whole[k], atol=1e-6, rtol=1e-4)
+
+
+def test_micro_batches_are_refused_where_they_change_the_step():
+    from structinit.training.gradient_step import plan_gradient_step
+    stack = StackedModels(_convmixers([0, 1]))
+    with pytest.raises(ValueError, match=r"micro-batches of 8 images .*BatchNorm2d.*STRUCTINIT_MICRO_BATCH"):
+        plan_gradient_step(1, stack, torch.device("cpu"), 64, lambda *a: None, micro_batch=8)

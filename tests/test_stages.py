@@ -6,6 +6,7 @@ import torch
 from stages.common import load_params
 from stages.train import cell_fingerprint
 from structinit.pipeline.build import CellModel, build_cell_model
+from structinit.training.common import code_fingerprint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,8 +21,9 @@ def test_a_cell_solved_in_process_can_resume(digits):
     # timings differ from run to run, though not always by a measurable amount: make sure they do
     records[1]["solve_seconds"] = records[0]["solve_seconds"] + 1.0
     subset = torch.arange(20)
-    assert cell_fingerprint(records[0], subset) == cell_fingerprint(records[1], subset)
-    assert "solve_seconds" not in str(cell_fingerprint(records[0], subset))
+    code = code_fingerprint()
+    assert cell_fingerprint(records[0], subset, code) == cell_fingerprint(records[1], subset, code)
+    assert "solve_seconds" not in str(cell_fingerprint(records[0], subset, code))
 
 
 def test_timing_logs_stay_out_of_outputs(tmp_path, monkeypatch):

@@ -13,8 +13,9 @@ from structinit.pipeline.cells import run_name, seed_dir
 def ran_with(run_dirs) -> str:
     """One sentence for a report's "What ran": what the runs computed in and on, from what each
     logged beside its params (stages/train.py), e.g. "Computed in bf16 (autocast) on CPU: AMD
-    EPYC 9R14, 2 threads (25 runs)"."""
+    EPYC 9R14, 2 threads (25 runs). With python 3.11.7, torch 2.14.1, ... (25 runs)"."""
     seen: dict[str, int] = {}
+    versions: dict[str, int] = {}
     for run in run_dirs:
         logged = yaml.safe_load((Path(run) / "params.yaml").read_text())
         dtype = logged.get("compute_dtype", "an unrecorded dtype")
@@ -22,9 +23,14 @@ def ran_with(run_dirs) -> str:
                  else logged.get("device", "an unrecorded device"))
         key = f"{dtype}{' (autocast)' if dtype == 'bf16' else ''} on {where}"
         seen[key] = seen.get(key, 0) + 1
+        packages = logged.get("versions", "unrecorded package versions")
+        versions[packages] = versions.get(packages, 0) + 1
     if not seen:
         return ""
-    return "Computed in " + "; ".join(f"{k} ({n} run{'s' * (n > 1)})" for k, n in seen.items())
+
+    def counted(d):
+        return "; ".join(f"{k} ({n} run{'s' * (n > 1)})" for k, n in d.items())
+    return f"Computed in {counted(seen)}. With {counted(versions)}"
 
 
 def read_cell(group_dir: Path, seed: int):

@@ -9,6 +9,7 @@ for a diverged run and one checkpoint format.
     compute_dtype(cfg, device, model) / autocast(cfg, device)
     NonFiniteLossError, default_device()
     checkpoint_fingerprint(...) / restore_checkpoint(...)   what a checkpoint must match; resuming
+    code_fingerprint()                            the loaded structinit/stages sources, hashed
 
 Optimizer steps per epoch are counted by steps.py's steps_per_epoch (torch-free: the params
 schema uses it too); both trainers call it. Evaluation is not shared: each trainer sums the
@@ -131,6 +132,42 @@ def checkpoint_fingerprint(cfg: TrainConfig, dtype: str, extra: dict | None) -> 
                                   CHECKPOINT_FORMAT_KEY: CHECKPOINT_FORMAT, **(extra or {})}, default=str))
 
 
+def code_fingerprint(packages: tuple[str, ...] = ("structinit", "stages")) -> str:
+    """The code a run trains with: SHA-256 (first 16 hex digits) of the source of every module
+    of `packages` loaded in this process, by module name. Called once the cell's models are
+    built, that is the stage script's import closure (what dvc.yaml lists as its code deps)
+    plus the initializer's own file, which the registry imports by name. In the checkpoint
+    fingerprint, it makes a cell whose code changed start afresh instead of resuming epochs
+    that other code trained (while dvc.lock would record the new code's hash)."""
+    import hashlib
+    import sys
+
+    h = hashlib.sha256()
+    for name in sorted(sys.modules):
+        module = sys.modules[name]
+        file = getattr(module, "__file__", None)
+        if file and name.split(".")[0] in packages and file.endswith(".py"):
+            h.update(f"{name}\0".encode())
+            h.update(Path(file).read_bytes())
+            h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _first_difference(written, wanted) -> str:
+    """Which top-level fields of two fingerprints (dicts, or lists of dicts: one per stacked
+    model) differ, for the log: e.g. "code", "config"."""
+    if isinstance(written, list) and isinstance(wanted, list) and len(written) == len(wanted):
+        return next((d for d in map(_first_difference, written, wanted) if d), "")
+    if isinstance(written, dict) and isinstance(wanted, dict):
+        return ", ".join(sorted(k for k in set(written) | set(wanted) if written.get(k) != wanted.get(k)))
+    return "the number of models" if isinstance(written, list) and isinstance(wanted, list) else "its layout"
+
+
+def _code_of(fingerprint) -> str | None:
+    first = fingerprint[0] if isinstance(fingerprint, list) and fingerprint else fingerprint
+    return first.get("code") if isinstance(first, dict) else None
+
+
 def restore_checkpoint(path: str | Path | None, fingerprint_key: str, fingerprint, load: Callable[[dict], T], *,
                        modules: list[torch.nn.Module], device: torch.device, announce: bool,
                        epochs_done: Callable[[T], int], epochs: int) -> T | None:
@@ -152,7 +189,9 @@ def restore_checkpoint(path: str | Path | None, fingerprint_key: str, fingerprin
     try:
         state = load_checked(path, "a training checkpoint", map_location=device)
         if not isinstance(state, dict) or state.get(fingerprint_key) != fingerprint:
-            say(f"ignoring {path}: it was written for a different configuration")
+            written = state.get(fingerprint_key) if isinstance(state, dict) else None
+            say(f"ignoring {path}: it was written for a different configuration (differs in: "
+                f"{_first_difference(written, fingerprint) or 'its layout'}); training starts from the first epoch")
             return None
         backups = [{k: v.clone() for k, v in m.state_dict().items()} for m in modules]
         try:
@@ -167,5 +206,6 @@ def restore_checkpoint(path: str | Path | None, fingerprint_key: str, fingerprin
         path.replace(bad)
         say(f"discarding an unusable checkpoint ({e}); moved to {bad}; training starts from the first epoch")
         return None
-    say(f"resuming from {path} after epoch {epochs_done(restored)}/{epochs}")
+    code = _code_of(fingerprint)
+    say(f"resuming from {path} after epoch {epochs_done(restored)}/{epochs}" + (f" (code {code})" if code else ""))
     return restored

@@ -7,7 +7,8 @@
         loss_sum, correct = step.collect(pending)   # sets p.grad; (N,) each
         with step.all_threads(): ...    # evaluation, with the process's intra-op threads
 
-WholeBatchStep: the batch's gradients in one pass (GPUs; CPU models that cannot be split).
+WholeBatchStep: the batch's gradients in one pass (GPUs; CPU models that cannot be split), or
+    in micro-batches one after another (STRUCTINIT_MICRO_BATCH: a batch too big for the GPU).
 ChunkedStep (CPU): the batch as n single-threaded chunks on n threads, gradients summed.
 
 Why chunks: on a CPU, PyTorch's intra-op threads fork and join inside every op, and a small
@@ -60,10 +61,24 @@ LossAndGrads = Callable[[StackedModels, torch.Tensor, torch.Tensor], tuple]
 
 
 def plan_gradient_step(setting: str | int, stack: StackedModels, device: torch.device, batch_size: int,
-                       loss_and_grads: LossAndGrads) -> tuple["WholeBatchStep | ChunkedStep", str]:
+                       loss_and_grads: LossAndGrads, *, micro_batch: int | None = None
+                       ) -> tuple["WholeBatchStep | ChunkedStep", str]:
     """The step a stack trains with, and why (for the log): ChunkedStep where plan_cpu_chunks
     splits the batch, WholeBatchStep otherwise. loss_and_grads(stack, x, y) -> (grads {name:
-    (N, ...)}, each model's mean loss (N,), logits (N, B, classes)): the trainer's own."""
+    (N, ...)}, each model's mean loss (N,), logits (N, B, classes)): the trainer's own.
+    micro_batch (images per model per pass, smaller than the batch): the whole-batch step in
+    pieces, one after another, on any device; it replaces the CPU's chunks (a memory limit
+    comes first) and is refused where splitting a batch changes the step (BatchNorm, dropout)."""
+    if micro_batch is not None and micro_batch < batch_size:
+        if micro_batch < 1:
+            raise ValueError(f"micro_batch={micro_batch}: give a positive number of images, or None")
+        why = _why_not_splittable(stack.base)
+        if why:
+            raise ValueError(f"micro-batches of {micro_batch} images are not the same step for this model: "
+                             f"{why}; unset STRUCTINIT_MICRO_BATCH (or give it >= the batch, {batch_size})")
+        pieces = -(-batch_size // micro_batch)
+        return (WholeBatchStep(stack, loss_and_grads, micro_batch),
+                f"{pieces} micro-batches of <= {micro_batch} images per model, one after another")
     chunks, how = plan_cpu_chunks(setting, stack.base, device, batch_size)
     step = ChunkedStep(stack, chunks, loss_and_grads) if chunks > 1 else WholeBatchStep(stack, loss_and_grads)
     return step, how
@@ -96,10 +111,12 @@ def _sums(losses: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> tuple[
 
 
 class WholeBatchStep:
-    """The batch's gradients in one pass, with the process's intra-op threads."""
+    """The batch's gradients with the process's intra-op threads: in one pass, or in pieces of
+    `micro_batch` images per model, one after another, each piece's gradients weighted by its
+    share of the batch and summed in order (the one-pass step's, to float noise)."""
 
-    def __init__(self, stack: StackedModels, loss_and_grads: LossAndGrads):
-        self.stack, self.loss_and_grads = stack, loss_and_grads
+    def __init__(self, stack: StackedModels, loss_and_grads: LossAndGrads, micro_batch: int | None = None):
+        self.stack, self.loss_and_grads, self.micro_batch = stack, loss_and_grads, micro_batch
 
     def __enter__(self):
         return self
@@ -111,8 +128,19 @@ class WholeBatchStep:
         return contextlib.nullcontext()
 
     def submit(self, x: torch.Tensor, y: torch.Tensor) -> tuple:
-        grads, losses, logits = self.loss_and_grads(self.stack, x, y)
-        return grads, _sums(losses, logits, y)
+        n = y.shape[1]
+        if not self.micro_batch or self.micro_batch >= n:
+            grads, losses, logits = self.loss_and_grads(self.stack, x, y)
+            return grads, _sums(losses, logits, y)
+        total, loss_sum, correct = None, 0, 0
+        for xc, yc in zip(x.split(self.micro_batch, 1), y.split(self.micro_batch, 1)):
+            grads, losses, logits = self.loss_and_grads(self.stack, xc, yc)   # (N, b, ...) pieces
+            weight = yc.shape[1] / n
+            total = ({k: g * weight for k, g in grads.items()} if total is None
+                     else {k: total[k] + g * weight for k, g in grads.items()})
+            s_loss, s_correct = _sums(losses, logits, yc)
+            loss_sum, correct = loss_sum + s_loss, correct + s_correct
+        return total, (loss_sum, correct)
 
     def collect(self, pending: tuple) -> tuple[torch.Tensor, torch.Tensor]:
         grads, sums = pending

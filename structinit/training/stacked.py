@@ -90,10 +90,10 @@ class StackedModels:
         vmap, on CPU: timm's explicit q @ k.T -> softmax -> @ v, which vmaps into batched
         matmuls; the fused kernel (_scaled_dot_product_flash_attention_for_cpu) has no batching
         rule there and would fall back to a per-model loop. CUDA's fused kernels have batching
-        rules. Batched: fused, except on CPU in bf16, where the fused kernel's backward is ~9x
-        slower than the explicit path's at this model's shapes (head dim 16, 64 tokens: 61 % of
-        a step, the step 2.6x slower; on a Zen 4 with AVX512-BF16); in fp32 the fused kernel is
-        the faster one (`python -m benchmarks.attention_kernels` measures all four)."""
+        rules. Batched: fused, except on CPU in bf16, where the fused kernel's backward dominates
+        the step at this model's shapes (head dim 16, 64 tokens: 61 % of a step; the whole step
+        2.8x slower than with explicit attention on a Zen 4 with AVX512-BF16); in fp32 the fused
+        kernel is the faster one (`python -m benchmarks.attention_kernels` measures all four)."""
         fused = device.type != "cpu" or (self.batched is not None and dtype != "bf16")
         for m in self.base.modules():
             if hasattr(m, "fused_attn"):

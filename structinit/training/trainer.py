@@ -108,7 +108,8 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
                  device: torch.device | str | None = None, train_indices: torch.Tensor | None = None,
                  checkpoint_path: str | Path | None = None, fingerprints: list | None = None,
                  on_epoch_end: Callable[[int, dict], None] | None = None, progress: bool = True,
-                 ctx: DistributedContext | None = None) -> list[list[dict]]:
+                 ctx: DistributedContext | None = None, checkpoint_every_s: float = 0.0,
+                 micro_batch: int | None = None) -> list[list[dict]]:
     """Train models of one architecture in place, stacked; returns each one's epoch metrics.
 
     cfgs: one per model, equal except for `seed` (each model's data order and augmentation).
@@ -120,6 +121,14 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
     per model: a kill between two models' writes would leave them at different epochs, and
     no catch-up of one model alone is bitwise the stacked step. on_epoch_end(i, metrics) is
     called for every epoch of model i, including (first) the epochs restored from the checkpoint.
+    checkpoint_every_s: write the checkpoint at the end of an epoch only once this many seconds
+    have passed since the last write (and after the last epoch); 0, every epoch. A run of many
+    short epochs (the data-size study: 1,760 epochs of 2 steps) otherwise spends a third of
+    its time re-writing a history that grows every epoch; a kill then loses at most this
+    many seconds of finished epochs.
+    micro_batch: images per model per forward pass (gradients summed over the pieces, each
+    weighted by its share): a batch too large for the device's memory trains as the same
+    step, to float noise. None: the whole batch (or the CPU's chunks: gradient_step.py).
 
     ctx: several processes (torchrun, distributed.py) train the stack together. Every process
     draws and augments the whole global batch (the same generators), keeps its own slice of
@@ -185,7 +194,8 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
     attention = stack.choose_attention(device, dtype)
     opt = _stacked_adamw(stack, [state for _, state in restored] if restored else [None] * len(models), cfg, device)
     step, how = plan_gradient_step(cfg.cpu_chunks, stack, device, batch_size // ctx.world_size,
-                                   lambda replica, x, y: loss_and_grads(replica, x, y, cfg, device))
+                                   lambda replica, x, y: loss_and_grads(replica, x, y, cfg, device),
+                                   micro_batch=micro_batch)
     if show:
         where = f"{device} x {ctx.world_size} processes" if ctx.enabled else device
         way = "batched" if stack.batched is not None else "by vmap"
@@ -193,6 +203,7 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
               f"epochs {start + 1}-{cfg.epochs}: {how} per step, {attention}")
 
     # ---- the epochs: train, evaluate when due, log, checkpoint, report ----
+    last_write = time.monotonic()
     with step:
         for epoch in range(start, cfg.epochs):
             per_model = _train_epoch(stack, opt, step, train_x, train_y, augmentation, seeds, epoch,
@@ -214,7 +225,9 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
                            f"({per_model[0]['images_per_s'] * len(models):.0f} model-img/s)")
             for history, metrics in zip(histories, per_model):
                 history.append(metrics)
-            if checkpoint is not None and ctx.is_main:
+            due = time.monotonic() - last_write >= checkpoint_every_s or epoch + 1 == cfg.epochs
+            if checkpoint is not None and ctx.is_main and due:
+                last_write = time.monotonic()
                 save_checked(checkpoint, {
                     "fingerprints": fingerprints, "epoch": epoch,
                     "models": [{"history": history, "model": stack.state_dict_of(i),
