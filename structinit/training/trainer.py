@@ -35,6 +35,7 @@ from structinit.training.common import compute_dtype as compute_dtype   # re-exp
 from structinit.config import RandAugmentPolicy
 from structinit.training.config import TrainConfig
 from structinit.training.gradient_step import plan_gradient_step
+from structinit.training.memory import estimate_training_memory
 from structinit.distributed import DistributedContext, refuse_batchnorm
 from structinit.training.stacked import StackedModels, clip_grad_norm_per_model
 from structinit.training.steps import steps_per_epoch
@@ -201,6 +202,8 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
         way = "batched" if stack.batched is not None else "by vmap"
         print(f"training {len(models)} model(s) stacked ({way}) on {where} in {dtype}, "
               f"epochs {start + 1}-{cfg.epochs}: {how} per step, {attention}")
+        _announce_memory(models, augmentation.normalize(train_x[:8]), batch_size // ctx.world_size,
+                         micro_batch, dtype, device, data_bytes=train_x.nbytes + test_x.nbytes)
 
     # ---- the epochs: train, evaluate when due, log, checkpoint, report ----
     last_write = time.monotonic()
@@ -239,6 +242,23 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
     for i, model in enumerate(models):
         model.load_state_dict(stack.state_dict_of(i))
     return histories
+
+
+def _announce_memory(models, sample, batch: int, micro_batch: int | None, dtype: str, device: torch.device,
+                     data_bytes: int) -> None:
+    """Print the cell's memory estimate (memory.py) before it trains; on a GPU, say whether it
+    fits and which STRUCTINIT_MICRO_BATCH would."""
+    estimate = estimate_training_memory(models, sample, batch=batch, micro_batch=micro_batch, dtype=dtype,
+                                        data_bytes=data_bytes)
+    line = estimate.describe()
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        line += f"; the GPU has {total / 2 ** 30:.1f} GiB"
+        if estimate.total_bytes > 0.9 * total:
+            fit = estimate.micro_batch_to_fit(int(0.8 * total))
+            line += (f": it may not fit; try STRUCTINIT_MICRO_BATCH={fit} (the same step, in pieces)" if fit
+                     else ": it does not fit even one image per pass; stack fewer seeds (grid.seeds) or use more GPUs")
+    print(line)
 
 
 def _restore(models: list[torch.nn.Module], fingerprints: list[dict], checkpoint: Path | None,
