@@ -69,10 +69,12 @@ def _images(rng, n):
     return rng.integers(0, 256, size=(n, 3 * 32 * 32), dtype=np.uint8)
 
 
-def test_cifar10_from_torchvision_format(tmp_path, monkeypatch):
+def _cifar10_files(root, monkeypatch):
+    """A small CIFAR-10 in torchvision's extracted layout under root (MD5s patched in); returns
+    the train batches' (images, labels)."""
     rng = np.random.default_rng(0)
-    base = tmp_path / "cifar-10-batches-py"
-    base.mkdir()
+    base = root / "cifar-10-batches-py"
+    base.mkdir(parents=True)
     train_list, expect = [], []
     for i in range(1, 6):
         x, y = _images(rng, 4), [int(v) for v in rng.integers(0, 10, 4)]
@@ -85,6 +87,20 @@ def test_cifar10_from_torchvision_format(tmp_path, monkeypatch):
     monkeypatch.setattr(tvd.CIFAR10, "test_list", [["test_batch", _md5(base / "test_batch")]])
     monkeypatch.setattr(tvd.CIFAR10, "meta", {"filename": "batches.meta", "key": "label_names",
                                                "md5": _md5(base / "batches.meta")})
+    return expect
+
+
+def _no_network(monkeypatch):
+    import urllib.request
+
+    def refuse(*a, **k):
+        raise AssertionError("a fetch was attempted")
+    monkeypatch.setattr(urllib.request, "urlopen", refuse)
+
+
+def test_cifar10_from_torchvision_format(tmp_path, monkeypatch):
+    expect = _cifar10_files(tmp_path, monkeypatch)
+    _no_network(monkeypatch)
     data = si.prepare_dataset("cifar10", root=tmp_path)       # download=True: verified, no fetch
     assert data.train_images.shape == (20, 3, 32, 32) and data.test_images.shape == (3, 3, 32, 32)
     # CIFAR stores rows of [R plane | G plane | B plane]: pixel (0, 0) of image 0
@@ -92,6 +108,21 @@ def test_cifar10_from_torchvision_format(tmp_path, monkeypatch):
     assert data.train_images[0, :, 0, 0].tolist() == [x0[0], x0[1024], x0[2048]]
     assert data.train_labels[:4].tolist() == expect[0][1]
     assert data.spec.num_classes == 10 and data.spec.mean[0] == 0.4914
+
+
+def test_the_download_stage_uses_files_placed_in_data_raw_on_an_offline_node(tmp_path, monkeypatch):
+    """docs/scaling-out.md's placement: the extracted archive in data/raw/ (the stage's --raw),
+    and download@cifar10 prepares it without fetching anything."""
+    from structinit.data.tensors import ImageData
+    from test_own_dataset import run_stage_main
+
+    _cifar10_files(tmp_path / "data/raw", monkeypatch)
+    _no_network(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    run_stage_main("stages.download", monkeypatch, "--dataset", "cifar10", "--source", "datasets/cifar10",
+                   "--out", "data/prepared/cifar10.pt")                  # --raw: data/raw, the default
+    data = ImageData.load(tmp_path / "data/prepared/cifar10.pt")
+    assert data.spec.name == "cifar10" and len(data.train_labels) == 20 and len(data.test_labels) == 3
 
 
 def test_cifar10_corrupt_file_is_refused(tmp_path, monkeypatch):

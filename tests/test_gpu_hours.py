@@ -74,3 +74,22 @@ def test_grouped_conv_step_is_three_forwards(groups, transposed):
     # every input feeds 16 / groups channels x 3 x 3 taps; with 8 in and 16 out that is the same)
     forward = 2 * (2 * 16 * 6 * 6) * (8 // groups) * 3 * 3
     assert counter.get_total_flops() == 3 * forward
+
+
+def test_the_benchmark_prices_the_grid_params_yaml_runs():
+    """The documented GPU command trains params.yaml's grid: 6 initializers x 5 seeds = 30 runs
+    per dataset (90 for CIFAR-10/100 and SVHN), not the paper's 5 (--paper-arms)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[1]
+    ours, paper = (subprocess.run([sys.executable, "-m", "benchmarks.gpu_hours", *flags], cwd=repo,
+                                  capture_output=True, text=True, check=True).stdout
+                   for flags in ([], ["--paper-arms"]))
+    rows = [line for line in ours.splitlines() if line.startswith("| main table, ViT-T/2")]
+    assert len(rows) == 3 and all("|     30 |" in r for r in rows), rows
+    assert "main table: 6 initializers (params.yaml's grid) x 5 seeds per dataset" in ours
+    assert "main table: 5 initializers (the paper's) x 5 seeds per dataset" in paper
+    total = [float(line.split("gpu_hours:")[1]) for line in (ours, paper) for line in line.splitlines()
+             if "gpu_hours:" in line]
+    assert total[0] > total[1]

@@ -121,6 +121,13 @@ BAD = [
      ["studies.data_size.seeds = [9]", "subset of grid.seeds", "100 % points are the main grid's cells"]),
     ("data-size study dataset not in the grid", _set("studies.data_size.datasets", ["svhn"]),
      ["studies.data_size.datasets = ['svhn']", "subset of grid.datasets"]),
+    # every study's data comes from download, which prepares grid.datasets only (the paper-size
+    # ConvMixer command once named cifar10 for the study alone: nothing prepared its data)
+    ("ConvMixer study dataset not in the grid", _set("studies.convmixer.datasets", ["cifar10"]),
+     ["studies.convmixer.datasets = ['cifar10']", "subset of grid.datasets", "only grid.datasets are downloaded"]),
+    ("pseudo-input study dataset not in the grid, its main variant run by the study itself",
+     _also(_set("studies.pseudo_input.variants", ["PP", "UU"]), _set("studies.pseudo_input.datasets", ["svhn"])),
+     ["studies.pseudo_input.datasets = ['svhn']", "only grid.datasets are downloaded"]),
     ("data-size init not an initializer", _set("studies.data_size.inits", ["xavier"]), ["studies.data_size.inits", "'xavier'", "impulse<k>"]),
     ("data-size init not in the main grid", _set("studies.data_size.inits", ["trunc_normal", "impulse7"]),
      ["studies.data_size.inits = ['impulse7']", "main grid's initializers"]),
@@ -197,12 +204,21 @@ def _write_params(dirpath: Path, params: dict) -> None:
     (dirpath / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
-def test_check_params_refuses_every_bad_file_in_one_line_per_problem(tmp_path):
+# One bad file of each kind for the stage itself (a process each, ~4 s): how the stage refuses
+# is one code path whichever rule fires, and every rule's own line is checked in-process above
+# (test_each_rule_refuses_its_bad_value_in_one_line, all of BAD).
+STAGE_CASES = ["unknown top-level key", "text for a number", "unknown dataset", "kernel larger than the patch grid",
+               "heads/width study dataset not in the grid", "data-size fraction twice"]
+
+
+def test_check_params_refuses_a_bad_file_of_each_kind_in_one_line_per_problem(tmp_path):
     """What `dvc repro` runs first: the check_params stage, in a folder whose params.yaml has one
     bad value. Each is refused with status 1, one line per problem, no traceback, and nothing
     written (the stage every other stage depends on never produces its output)."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    for name, mutate, fragments in BAD:
+    cases = [b for b in BAD if b[0] in STAGE_CASES]
+    assert len(cases) == len(STAGE_CASES)
+    for name, mutate, fragments in cases:
         params = copy.deepcopy(DEFAULT)
         mutate(params)
         _write_params(tmp_path, params)

@@ -152,3 +152,25 @@ def repo_paths() -> list:
 @pytest.mark.parametrize("path", repo_paths())
 def test_every_repository_path_shown_exists(path):
     assert (REPO / path).exists(), f"{path}: not in the repository"
+
+
+def params_file_suggestions() -> list:
+    """Each `-S '<key>=<value>'` that a comment in params.yaml suggests."""
+    comments = [line.split("#", 1)[1] for line in (REPO / "params.yaml").read_text().splitlines() if "#" in line]
+    found = [m for c in comments for m in re.findall(r"-S '([^']+)'", c)]
+    return [pytest.param(f"-S '{s}'", id=s) for s in found]
+
+
+def test_params_yaml_suggests_commands():
+    assert len(params_file_suggestions()) >= 4
+
+
+@pytest.mark.parametrize("option", params_file_suggestions())
+def test_every_option_params_yaml_suggests_is_valid(option):
+    """A comment's suggestion, applied alone to the default, passes check_params (the ImageNet
+    one once suggested grid.datasets, which refuses a streamed dataset); its folder, which the
+    comment asks you to set, is given."""
+    params = apply_overrides(yaml.safe_load((REPO / "params.yaml").read_text()), option)
+    if params["grid"]["streamed_datasets"]:
+        params["local_datasets"]["imagenet"] = "/data/ILSVRC"
+    validate_params(params)

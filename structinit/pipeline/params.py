@@ -440,6 +440,11 @@ def _cross_field_problems(p: Params, root: str | Path = ".") -> list[tuple[str, 
                 if (k := impulse_kernel(name)) is not None:
                     out += _kernel_problems("studies.heads_width.inits", name, k, model, d, image[d],
                                             f" with shape {z}")
+    # every study trains on data the download stage prepares, which it does for grid.datasets only
+    # (dvc.yaml: download foreach grid.datasets); a study dataset outside it would have no data
+    for name in ("convmixer", "pseudo_input", "heads_width", "data_size"):
+        out += _subset(f"studies.{name}.datasets", getattr(s, name).datasets, "grid.datasets", g.datasets,
+                       "only grid.datasets are downloaded and prepared (add it there too)")
     # studies that reuse the main grid's cells need those cells to exist
     plain = p.model_dump()
     main_variant = cells.main_variant(plain)
@@ -447,19 +452,16 @@ def _cross_field_problems(p: Params, root: str | Path = ".") -> list[tuple[str, 
         why = (f"the study reuses the main grid's {impulse_init(s.pseudo_input.kernel)} cells "
                f"(its {main_variant} row)")
         out += _subset("studies.pseudo_input.seeds", s.pseudo_input.seeds, "grid.seeds", g.seeds, why)
-        out += _subset("studies.pseudo_input.datasets", s.pseudo_input.datasets, "grid.datasets", g.datasets, why)
         if s.pseudo_input.kernel not in g.kernels:
             out.append(("studies.pseudo_input.kernel", s.pseudo_input.kernel,
                         f"must be one of grid.kernels {g.kernels}: {why}"))
     why = "the study's \"recipe\" rows are the main grid's cells"
     out += _subset("studies.heads_width.seeds", s.heads_width.seeds, "grid.seeds", g.seeds, why)
-    out += _subset("studies.heads_width.datasets", s.heads_width.datasets, "grid.datasets", g.datasets, why)
     main_inits = cells.main_inits(plain)
     out += _subset("studies.heads_width.inits", s.heads_width.inits, "the main grid's initializers",
                    main_inits, why)
     why = "the study's 100 % points are the main grid's cells"
     out += _subset("studies.data_size.seeds", s.data_size.seeds, "grid.seeds", g.seeds, why)
-    out += _subset("studies.data_size.datasets", s.data_size.datasets, "grid.datasets", g.datasets, why)
     out += _subset("studies.data_size.inits", s.data_size.inits, "the main grid's initializers", main_inits, why)
     out += _data_size_problems(p)
     out += _study_contrast_problems(p, kernel_free)
