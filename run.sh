@@ -37,23 +37,33 @@ TORCH_SPEC=${TORCH_SPEC:-"torch==2.14.1 torchvision==0.29.1"}
 CONSTRAINTS=${STRUCTINIT_CONSTRAINTS-constraints.txt}   # every package's version, transitive ones included
 PIN=()
 [ -n "$CONSTRAINTS" ] && PIN=(-c "$CONSTRAINTS")
-if [ ! -f "$VENV/.structinit-installed" ] || [ pyproject.toml -nt "$VENV/.structinit-installed" ] ||
-   { [ -n "$CONSTRAINTS" ] && [ "$CONSTRAINTS" -nt "$VENV/.structinit-installed" ]; }; then
-  echo "setting up $VENV (first run: a few minutes) ..." >&2
+# What .venv was built from, by content (pyproject.toml and the constraints file), kept in its
+# stamp file: an edit, a pull or a checkout of either rebuilds it; a touch or a copy that keeps
+# an older date changes nothing (file dates would get both wrong).
+SETUP_KEY=$({ cat pyproject.toml; [ -z "$CONSTRAINTS" ] || cat "$CONSTRAINTS"; } |
+  python3 -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
+BUILT_FROM=$(cat "$VENV/.structinit-installed" 2>/dev/null || true)
+if [ "${1:-}" = setup-state ]; then   # what the next command would do to .venv (tests/test_pins.py)
+  if [ "$BUILT_FROM" = "$SETUP_KEY" ]; then echo "up to date"; else echo "would rebuild"; fi
+  exit 0
+fi
+if [ "$BUILT_FROM" != "$SETUP_KEY" ]; then
+  echo "setting up $VENV (first run, or pyproject.toml / $CONSTRAINTS changed: a few minutes) ..." >&2
   python3 -c 'import venv, ensurepip' 2>/dev/null ||
     { echo "run.sh: Python's venv module is missing (Debian/Ubuntu: apt install python3-venv)" >&2; exit 2; }
   python3 -m venv "$VENV"
   # shellcheck disable=SC2086
   "$VENV/bin/pip" install -q --disable-pip-version-check $TORCH_SPEC ${PIN[@]+"${PIN[@]}"}
   "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[pipeline,test]' ${PIN[@]+"${PIN[@]}"}
-  touch "$VENV/.structinit-installed"
+  echo "$SETUP_KEY" > "$VENV/.structinit-installed"
 fi
 cmd=$1
 shift
-if { [ "$cmd" = test ] || [ "$cmd" = pins ]; } && [ ! -f "$VENV/.structinit-scale-installed" -o "$VENV/.structinit-installed" -nt "$VENV/.structinit-scale-installed" ]; then
+if { [ "$cmd" = test ] || [ "$cmd" = pins ]; } &&
+   [ "$(cat "$VENV/.structinit-scale-installed" 2>/dev/null || true)" != "$SETUP_KEY" ]; then
   # the tests also cover the optional scale-out extra (Ray); ./run.sh repro never needs it
   if "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[pipeline,test,scale]' ${PIN[@]+"${PIN[@]}"}; then
-    touch "$VENV/.structinit-scale-installed"
+    echo "$SETUP_KEY" > "$VENV/.structinit-scale-installed"
   else   # tests/test_fanout.py then skips (fails under .ci/run, which requires it)
     echo "warning: could not install the scale extra (Ray); its tests will skip" >&2
   fi

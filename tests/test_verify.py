@@ -243,3 +243,24 @@ def test_a_real_dvc_project_fresh_clone_finished_run_and_edited_output(tmp_path,
     (clone / "out.txt").write_text("2")
     code, out = _verify_cli(clone, monkeypatch, capsys)
     assert code == 1 and "dvc status: 1 stage(s) not up to date (first: make)" in out
+
+
+def test_your_own_datasets_changes_are_counted_in_its_test_images(repo, monkeypatch, capsys):
+    """An own dataset (not in specs.TEST_IMAGES) is judged by the test images its prepared
+    file holds: 40 here, so 0.05 of accuracy is 2 images (it used to be 0 of 0)."""
+    import torch
+
+    from structinit.io import save_checked
+    for seed, acc in enumerate((0.50, 0.60)):
+        _write(repo, f"results/train/shapes-mimetic/seed{seed}/metrics.json", {"final_test_acc": acc})
+    save_checked(repo / "data/prepared/shapes.pt", {"test_labels": torch.zeros(40, dtype=torch.long)})
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "shapes"], cwd=repo, check=True)
+    _state(repo, lock_hash="ccc")
+    for seed, acc in enumerate((0.55, 0.65)):
+        _write(repo, f"results/train/shapes-mimetic/seed{seed}/metrics.json", {"final_test_acc": acc})
+    code, out = _verify_cli(repo, monkeypatch, capsys)
+    assert "results/train/shapes-mimetic: mean +2.0 of 40" in out, out
+    (repo / "data/prepared/shapes.pt").unlink()
+    with pytest.raises(SystemExit, match=r"^error: data/prepared/shapes.pt is missing: verify counts shapes's"):
+        _verify_cli(repo, monkeypatch, capsys)

@@ -182,6 +182,21 @@ def output_hashes(lock_text: str) -> dict[str, str]:
     return out
 
 
+def test_image_count(repo: Path, dataset: str) -> int:
+    """How many test images a dataset's accuracies count: the built-ins' are known (specs.py);
+    your own dataset's is read from its prepared file, which the run that is judged made."""
+    if dataset in TEST_IMAGES:
+        return TEST_IMAGES[dataset]
+    from structinit.io import load_checked        # torch: only for your own datasets
+
+    path = repo / "data/prepared" / f"{dataset}.pt"
+    try:
+        return len(load_checked(path, f"a prepared dataset (dvc repro download@{dataset})")["test_labels"])
+    except MissingFileError:
+        raise StructinitError(f"{path} is missing: verify counts {dataset}'s accuracy changes in its test images, "
+                          f"which that file holds (./run.sh dvc repro download@{dataset})") from None
+
+
 def _accuracies(read, files: list[str]) -> dict[tuple[str, int], tuple[str, float]]:
     """(cell folder, seed) -> (dataset, final test accuracy) for every metrics.json of a run."""
     out = {}
@@ -247,7 +262,9 @@ def verify(repo: str | Path = ".", against: str = "HEAD", tolerance: float = TOL
             v.cells_missing.append(f"{cell} seed {seed}: only in the commit")
             continue
         dataset, b = acc_before[key]
-        change = by_cell.setdefault(cell, CellChange(cell, dataset, TEST_IMAGES.get(dataset, 0), {}))
+        if cell not in by_cell:
+            by_cell[cell] = CellChange(cell, dataset, test_image_count(repo, dataset), {})
+        change = by_cell[cell]
         change.seeds[seed] = (b, acc_after[key][1])
     v.cells = list(by_cell.values())
 
