@@ -1,8 +1,10 @@
 """Names a user reads in messages, comments and generated reports point at things that exist:
-every file name the code, params.yaml, pyproject.toml, run.sh and the generated reports name
+every file name (.py, .md, .yaml, .txt, .sh, .toml, .csv) the code, params.yaml,
+pyproject.toml, run.sh and the generated reports name
 (`stream_train.py`, `data.py` once did not), every README section they cite by title (`README
 "What is reproducible"` once moved to docs/reproducibility.md), and every docs anchor
 (`docs/pipeline.md#speed`). tests/test_readme_commands.py covers the docs pages' own paths."""
+import functools
 import re
 from pathlib import Path
 
@@ -13,7 +15,9 @@ SKIP_DIRS = {".venv", ".git", ".cache", ".dvc", "data", "models", "logs", "artif
 SOURCES = sorted(p for d in ("structinit", "stages", "scale", "benchmarks") for p in (REPO / d).rglob("*.py")) + [
     REPO / "params.yaml", REPO / "pyproject.toml", REPO / "run.sh", REPO / "dvc.template.yaml",
     *sorted((REPO / "reports").rglob("*.md"))]
-FILE_NAME = re.compile(r"(?<![\w./-])((?:[\w-]+/)*[\w-]+\.(?:py|md))\b")
+# a file name: code, docs, config, data tables; not inside ${...} or {...} (shell and f-string
+# expressions such as {a.csv} or ${VAR-constraints.txt}, which name no file)
+FILE_NAME = re.compile(r"(?<![\w./{}-])((?:[\w-]+/)*[\w.-]*[\w-]\.(?:py|md|yaml|txt|sh|toml|csv))\b")
 # README "Title", README 'Title', README, "Title", README: Title (up to a closing bracket or period)
 README_SECTION = re.compile(r"README(?:'s)?(?:,? \"([^\"]+)\"| '([^']+)'|: ([A-Z][\w -]+?)(?=[).,;]|$))", re.M)
 ANCHOR = re.compile(r"((?:docs/)?[\w-]+\.md)#([\w-]+)")
@@ -26,9 +30,11 @@ NOT_OURS = {
     "init/methods/X.py": "a placeholder for your initializer's file",
     "methods/X.py": "a placeholder for your initializer's file",
     "structinit/init/methods/zero_qk.py": "the example initializer docs/library.md has you write",
+    "a.csv": "stages/curves.py's argument a.csv (argparse's --csv), not a file name",
 }
 
 
+@functools.cache
 def _repo_files() -> tuple[set[str], set[str]]:
     rel, names = set(), set()
     for p in REPO.rglob("*"):
@@ -95,6 +101,8 @@ def test_the_names_the_issue_found_stale_are_caught():
     rel, names = _repo_files()
     assert missing_file_names("the streamed trainer (stream_train.py)", rel, names) == ["stream_train.py"]
     assert missing_file_names("Loading the data is data.py's job", rel, names) == ["data.py"]
+    assert missing_file_names("pinned in requirements.lock.txt (run.sh)", rel, names) == ["requirements.lock.txt"]
+    assert missing_file_names("see dvc.template.yaml and constraints.txt", rel, names) == []
     assert stale_references('pin (README "What is reproducible").') == ['README "What is reproducible"']
     assert stale_references("see README 'What is reproducible'); comparing") == ['README "What is reproducible"']
     assert stale_references("streamed from local_datasets.imagenet (README: Scaling out)") == [
