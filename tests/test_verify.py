@@ -255,7 +255,8 @@ def test_your_own_datasets_changes_are_counted_in_its_test_images(repo, monkeypa
         _write(repo, f"results/train/shapes-mimetic/seed{seed}/metrics.json", {"final_test_acc": acc})
     save_checked(repo / "data/prepared/shapes.pt", {"test_labels": torch.zeros(40, dtype=torch.long)})
     subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "shapes"], cwd=repo, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "shapes"], cwd=repo,
+                   check=True)
     _state(repo, lock_hash="ccc")
     for seed, acc in enumerate((0.55, 0.65)):
         _write(repo, f"results/train/shapes-mimetic/seed{seed}/metrics.json", {"final_test_acc": acc})
