@@ -1,10 +1,13 @@
 """Statistics behind the reports' intervals and conclusions, against known values."""
 import math
 
+import numpy as np
+
 import pytest
 
 from benchmarks.replication import verdict
 from structinit.reporting import stats
+from structinit.reporting.stats import contrast_line, paired_difference, planned_contrasts
 
 
 def test_interval_is_the_t_interval():
@@ -222,3 +225,78 @@ def test_bounded_interval_holds_its_estimate_at_the_clamp():
         s = stats.summarize(acc, bounded=True)
         assert s.ci_low <= s.mean <= s.ci_high and 0 <= s.ci_low and s.ci_high <= 100, acc
     assert stats.summarize([100.0, 100.0, 100.0], bounded=True).ci_high == 100.0
+
+
+def test_the_paired_interval_is_scipys_exactly():
+    """paired_difference's 95 % interval and p are scipy's paired t test's (ttest_rel)."""
+    from scipy import stats as sps
+
+    a = {0: 91.2, 1: 88.4, 2: 90.1, 3: 92.7, 4: 89.9}
+    b = {0: 90.0, 1: 88.9, 2: 88.2, 3: 91.1, 4: 89.0}
+    d = paired_difference(a, b)
+    ref = sps.ttest_rel(list(a.values()), list(b.values()))
+    low, high = ref.confidence_interval(0.95)
+    assert (d.ci_low, d.ci_high) == pytest.approx((low, high), rel=1e-12, abs=1e-12)
+    assert d.p == pytest.approx(ref.pvalue, rel=1e-12)
+
+
+def test_intervals_beside_holm_verdicts_are_labelled_and_given_at_bonferroni_width():
+    """Three secondary contrasts: each line's 95 % interval says unadjusted, and the interval at
+    confidence 1 - 0.05/3 follows it (the primary's, tested alone, needs neither)."""
+    from scipy import stats as sps
+
+    base = {s: 80.0 + s for s in range(5)}
+    groups = {"ours": {s: v + 1.0 + 0.3 * (s % 2) for s, v in base.items()}, "tn": base,
+              "mim": {s: v + 0.5 - 0.2 * (s % 3) for s, v in base.items()},
+              "kai": {s: v - 0.4 + 0.1 * s for s, v in base.items()}}
+    out = planned_contrasts(groups, primary=("ours", "tn"), secondary=[("ours", "mim"), ("ours", "kai"),
+                                                                       ("mim", "tn")], describe_others=False)
+    primary, *secondary = out
+    assert math.isnan(primary.ci_adj_low) and "unadjusted" not in contrast_line(primary)
+    for c in secondary:
+        d = np.array([groups[c.a][s] - groups[c.b][s] for s in range(5)])
+        half = sps.t.ppf(1 - 0.05 / 3 / 2, 4) * d.std(ddof=1) / math.sqrt(5)
+        assert (c.ci_adj_low, c.ci_adj_high) == pytest.approx((d.mean() - half, d.mean() + half), rel=1e-12)
+        line = contrast_line(c)
+        assert "unadjusted; 98.33 % CI" in line and "(Bonferroni width over the family's 3 tests)" in line
+
+
+def test_the_primary_reads_with_the_difference_its_design_detects():
+    """main_report.detectable_line: the smallest true difference with 80 % power at the primary's
+    n, alpha and sidedness, from its own SD; at that difference the exact power is 0.8."""
+    from structinit.reporting.main_report import detectable_line
+
+    base = {s: 80.0 + s for s in range(5)}
+    ours = {s: v - 0.4 + 0.7 * (s % 2) - 0.3 * (s == 4) for s, v in base.items()}
+    c = planned_contrasts({"ours": ours, "tn": base}, primary=("ours", "tn"), describe_others=False)[0]
+    line = detectable_line(c, 0.05)
+    d = stats.min_detectable_difference(c.sd, 5, 0.05)
+    assert f"Detectable with this design: {d:.2f} points (80 % power, paired t at α = 0.05 two-sided" in line
+    assert f"SD of the 5 paired differences {c.sd:.2f}" in line
+    assert stats.paired_t_power(d, c.sd, 5, 0.05) == pytest.approx(0.8, abs=1e-9)
+    block = stats.contrasts_block([c], primary_note=lambda x: detectable_line(x, 0.05))
+    assert block.index("**Primary contrast**") < block.index("Detectable with this design")
+
+
+def test_a_primary_other_than_the_registered_one_is_labelled_exploratory():
+    """params.yaml registers impulse3 vs trunc_normal; -S init.kernel=5 makes the primary
+    impulse5 vs trunc_normal, which the reports label exploratory (the default: no label)."""
+    import copy
+    from pathlib import Path
+
+    import yaml
+
+    from structinit.pipeline.params import ParamsError, validate_params
+    from structinit.reporting.main_report import planned
+
+    params = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    assert params["contrasts"]["registered"] == "impulse3 vs trunc_normal"
+    assert planned(params).exploratory_note() == ""
+    other = copy.deepcopy(params)
+    other["init"]["kernel"] = 5
+    note = planned(other).exploratory_note()
+    assert note.startswith("**Exploratory.** This run's primary contrast, impulse5 − trunc_normal, is not the one "
+                           "registered before the committed run (impulse3 − trunc_normal")
+    other["contrasts"]["registered"] = "ours vs trunc_normal"
+    with pytest.raises(ParamsError, match="contrasts.registered = 'ours vs trunc_normal'.*not 'ours'"):
+        validate_params(other)

@@ -124,6 +124,18 @@ class Contrasts(_Section):               # the main table's planned, paired test
     primary: str                         # "<arm> vs <arm>"; tested alone at alpha
     direction: Literal["two-sided", "greater"] = "two-sided"   # greater: the primary's first arm wins
     secondary: list[str] = []            # Holm over these only
+    registered: Optional[str] = None     # the primary as fixed before the committed run, arms named
+                                         # ("impulse3 vs trunc_normal"); a run whose primary resolves
+                                         # otherwise (another init.kernel) is labelled exploratory
+
+    @field_validator("registered")
+    @classmethod
+    def _registered(cls, v):
+        if v is not None:
+            a, b = cells.parse_contrast(v)
+            if "ours" in (a, b):
+                raise ValueError(f"contrast {v!r}: name the arms as registered (e.g. impulse3), not 'ours'")
+        return v
 
     @field_validator("primary", "secondary")
     @classmethod

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,16 @@ class Plan:
     secondary: list[tuple[str, str]]
     alternative: str
     alpha: float
+    registered: tuple[str, str] | None = None   # the primary as registered (contrasts.registered)
+
+    def exploratory_note(self, label=str) -> str:
+        """A paragraph when this run's primary is not the registered one ("" otherwise)."""
+        if self.registered is None or self.registered == self.primary:
+            return ""
+        now, then = (" − ".join(label(x) for x in pair) for pair in (self.primary, self.registered))
+        return (f"**Exploratory.** This run's primary contrast, {now}, is not the one registered before "
+                f"the committed run ({then}: params.yaml contrasts.registered), e.g. after -S init.kernel: "
+                "a primary picked after seeing a table is a new hypothesis, and its p is not a test of it.\n\n")
 
     def not_run(self, arms) -> str:
         """A line naming the planned contrasts this grid could not test (an arm not trained)."""
@@ -43,7 +54,8 @@ class Plan:
 def planned(params: dict) -> Plan:
     c, ours = params["contrasts"], impulse_init(params["init"]["kernel"])
     return Plan(cells.parse_contrast(c["primary"], ours), [cells.parse_contrast(t, ours) for t in c["secondary"]],
-                c["direction"], c["alpha"])
+                c["direction"], c["alpha"],
+                cells.parse_contrast(c["registered"]) if c.get("registered") else None)
 
 
 def by_seed(runs: pd.DataFrame, dataset: str, init: str, value: str = "acc") -> dict:
@@ -57,6 +69,19 @@ def main_contrasts(runs: pd.DataFrame, dataset: str, inits: list[str], plan: Pla
     return stats.planned_contrasts({i: by_seed(runs, dataset, i) for i in inits}, family=dataset,
                                    primary=plan.primary, secondary=plan.secondary,
                                    alternative=plan.alternative, alpha=plan.alpha)
+
+
+def detectable_line(c: stats.Contrast, alpha: float, unit: str = "points") -> str:
+    """Beside the primary: the smallest true difference its design detects (80 % power, the
+    exact noncentral t at n - 1 df, the contrast's own alpha and sidedness, from its own SD of
+    paired differences), so that "not distinguishable" reads with the effect it could have seen."""
+    d = stats.min_detectable_difference(c.sd, c.n, alpha, alternative=c.alternative)
+    if math.isnan(d):
+        return f"  Detectable with this design: not computable (n = {c.n}, SD of paired differences {c.sd:.2f})."
+    return (f"  Detectable with this design: {d:.2f} {unit} ({100 * stats.POWER:.0f} % power, paired t at "
+            f"α = {alpha:g} {'two-sided' if c.alternative == 'two-sided' else 'one-sided'}, exact noncentral t "
+            f"at {c.n - 1} df, SD of the {c.n} paired differences {c.sd:.2f}); a smaller true difference "
+            "is likely to read as not distinguishable.")
 
 
 def confound_section(contrasts: dict, datasets: list[str], ours: str, alpha: float) -> str:
@@ -131,7 +156,8 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
     contrasts = {ds: main_contrasts(runs, ds, inits, plan) for ds in grid["datasets"]}
     with stats.recording_conclusions() as main_conclusions:
         main_block = stats.contrasts_block([c for ds in grid["datasets"] for c in contrasts[ds]], init_label,
-                                           alpha=plan.alpha) + plan.not_run(inits)
+                                           alpha=plan.alpha, primary_note=lambda c: detectable_line(c, plan.alpha)
+                                           ) + plan.not_run(inits)
     impulse_rows = [i for i in inits if cells.impulse_kernel(i)]
     kernel_cmp = [c for ds in grid["datasets"] for c in stats.planned_contrasts(
         {i: by_seed(runs, ds, i) for i in impulse_rows}, family=ds)]
@@ -148,15 +174,15 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
         f"What ran: {run}\n\n"
         + figures_md
         + table + "\n\n"
-        + main_block + "\n" + confound
+        + plan.exploratory_note(init_label) + main_block + "\n" + confound
         + report.paper_main_block())
-    primary_lines = [stats.contrast_line(c, init_label, plan.alpha) for ds in grid["datasets"]
-                     for c in contrasts[ds] if c.role == "primary"]
+    primary_lines = [stats.contrast_line(c, init_label, plan.alpha) + "\n" + detectable_line(c, plan.alpha)
+                     for ds in grid["datasets"] for c in contrasts[ds] if c.role == "primary"]
     texts["headline.md"] = (            # what the top-level README quotes (tests/test_readme_numbers.py)
         table + "\n\n"
         "Final-epoch test accuracy (%), mean ± std over seeds (in brackets: difference to Trunc Normal), "
         f"n = {len(grid['seeds'])} seeds. " + stats.INTERVAL[0].upper() + stats.INTERVAL[1:] + ". "
-        "Primary contrast, paired by seed:\n\n" + "\n".join(primary_lines) + "\n"
+        "Primary contrast, paired by seed:\n\n" + plan.exploratory_note(init_label) + "\n".join(primary_lines) + "\n"
         + "".join(f"\n{ds}: {budget_sentence(budgets[ds], epochs[ds], init_label)}.\n" for ds in budgets))
     texts["kernel_table.md"] = (
         "# Structured init by kernel size\n\n"

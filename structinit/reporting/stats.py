@@ -154,6 +154,13 @@ class Contrast:
     p: float          # paired t p (nan: descriptive or not testable)
     p_adjusted: float  # primary: p; secondary: Holm over the family's secondary; else nan
     verdict: str      # ">", "<", "~" (not distinguishable); "" for descriptive
+    sd: float = math.nan          # SD of the paired differences (ddof=1; nan: n < 2)
+    # secondary (Holm) contrasts: the interval at Bonferroni's width over the family's m tests,
+    # confidence 1 - alpha/m (the 95 % one beside it is unadjusted); nan otherwise
+    ci_adj_low: float = math.nan
+    ci_adj_high: float = math.nan
+    ci_adj_confidence: float = math.nan
+    ci_adj_tests: int = 0         # m: the secondary tests of the family
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -170,7 +177,18 @@ def _contrast(family, a, b, role, ga, gb, alternative, alpha) -> Contrast:
     ma, mb = float(np.mean(list(ga.values()))), float(np.mean(list(gb.values())))
     p = d.p if tested else math.nan
     return Contrast(family, a, b, role, ma, mb, d.diff, d.ci_low, d.ci_high, d.n,
-                    alternative if tested else "two-sided", p, p, _verdict(d.diff, p, alpha) if tested else "")
+                    alternative if tested else "two-sided", p, p, _verdict(d.diff, p, alpha) if tested else "",
+                    sd=d.std if d.n > 1 else math.nan)
+
+
+def bonferroni_interval(c: Contrast, m: int, alpha: float) -> tuple[float, float, float]:
+    """(low, high, confidence) of c's mean paired difference at confidence 1 - alpha/m: the
+    simultaneous width of m tests, beside a Holm verdict (whose own level varies by step)."""
+    confidence = 1 - alpha / m
+    if c.n < 2 or math.isnan(c.sd):
+        return math.nan, math.nan, confidence
+    half = _t_half(c.sd, c.n, confidence)
+    return c.diff - half, c.diff + half, confidence
 
 
 def planned_contrasts(groups: dict[str, dict], *, family: str = "", primary: tuple | None = None,
@@ -187,7 +205,10 @@ def planned_contrasts(groups: dict[str, dict], *, family: str = "", primary: tup
                      alpha) for (a, b), role in planned]
     testable = [i for i, c in enumerate(out) if c.role == "secondary" and not math.isnan(c.p)]
     for i, p_adj in zip(testable, holm([out[i].p for i in testable])):
-        out[i] = replace(out[i], p_adjusted=p_adj, verdict=_verdict(out[i].diff, p_adj, alpha))
+        low, high, confidence = bonferroni_interval(out[i], len(testable), alpha)
+        out[i] = replace(out[i], p_adjusted=p_adj, verdict=_verdict(out[i].diff, p_adj, alpha),
+                         ci_adj_low=low, ci_adj_high=high, ci_adj_confidence=confidence,
+                         ci_adj_tests=len(testable))
     if describe_others:
         seen = {frozenset(pair) for pair, _ in planned}
         out += [_contrast(family, a, b, "descriptive", groups[a], groups[b], "two-sided", alpha)
@@ -379,7 +400,17 @@ def equivalence_block(tests: list[Equivalence], label=str, unit: str = "points",
 # --- the generated text ------------------------------------------------------------------------
 
 def _interval(c) -> str:
-    return "" if math.isnan(c.ci_low) else f", 95 % CI [{c.ci_low:+.2f}, {c.ci_high:+.2f}]"
+    """The 95 % interval; beside a Holm verdict it is labelled unadjusted and followed by the
+    Bonferroni-width interval over the family's tests, the one to read against the verdict."""
+    if math.isnan(c.ci_low):
+        return ""
+    own = f", 95 % CI [{c.ci_low:+.2f}, {c.ci_high:+.2f}]"
+    if getattr(c, "role", "") != "secondary" or not getattr(c, "ci_adj_tests", 0):
+        return own
+    adjusted = "" if math.isnan(c.ci_adj_low) else (
+        f"; {100 * c.ci_adj_confidence:.4g} % CI [{c.ci_adj_low:+.2f}, {c.ci_adj_high:+.2f}] "
+        f"(Bonferroni width over the family's {c.ci_adj_tests} tests)")
+    return own + " unadjusted" + adjusted
 
 
 def _emphasis(claim: str, p_adjusted: float, alpha: float) -> str:
@@ -409,9 +440,10 @@ def contrast_line(c: Contrast, label=str, alpha: float = ALPHA, unit: str = "poi
 
 
 def contrasts_block(contrasts: list[Contrast], label=str, alpha: float = ALPHA, unit: str = "points",
-                    title: str = "Conclusions") -> str:
+                    title: str = "Conclusions", primary_note=None) -> str:
     """The report's conclusions: the primary contrast, the secondary ones, then the other pairs
-    as estimates. Records the tested ones (recording_conclusions)."""
+    as estimates. Records the tested ones (recording_conclusions). primary_note(c) -> a line
+    after each primary contrast's (e.g. the difference its design detects)."""
     sections = []
     has_primary = any(c.role == "primary" for c in contrasts)
     for role, head in (("primary", f"**Primary contrast** (tested alone at α = {alpha:g}):"),
@@ -419,7 +451,8 @@ def contrasts_block(contrasts: list[Contrast], label=str, alpha: float = ALPHA, 
                                       "**Planned contrasts** (") + "Holm-corrected together within each family):"),
                        ("descriptive", "Other pairs, described (mean paired difference and its 95 % "
                                        "interval; not tested, no verdict):")):
-        lines = [contrast_line(c, label, alpha, unit) for c in contrasts if c.role == role]
+        lines = [contrast_line(c, label, alpha, unit) + (f"\n{primary_note(c)}" if primary_note and role == "primary"
+                                                          else "") for c in contrasts if c.role == role]
         if lines:
             sections.append(head + "\n\n" + "\n".join(lines))
     _record([c for c in contrasts if c.role != "descriptive"], alpha)
@@ -545,13 +578,21 @@ def gap_change_lines(changes: list[GapChange], label=str, condition=str, unit: s
     condition and at each other one, whether it changed (only what the test supports), and a
     closing sentence that claims a change only where one is significant."""
     lines = []
+    tests = {}                 # family -> m, the Holm family's tests: the Bonferroni width beside each
+    for c in changes:
+        tests[c.family] = tests.get(c.family, 0) + (not math.isnan(c.p))
     for (family, a, b), group in itertools.groupby(changes, key=lambda c: (c.family, c.a, c.b)):
         group = list(group)
         first = group[0]
         parts = []
         for c in group:
             change = c.gap_other - c.gap_base
-            ci = "" if math.isnan(c.ci_low) else f", 95 % CI [{c.ci_low:+.2f}, {c.ci_high:+.2f}]"
+            ci = "" if math.isnan(c.ci_low) else f", 95 % CI [{c.ci_low:+.2f}, {c.ci_high:+.2f}] unadjusted"
+            if ci and c.n > 1 and not math.isnan(c.sd) and tests[family]:
+                centre, confidence = (c.ci_low + c.ci_high) / 2, 1 - alpha / tests[family]
+                half = _t_half(c.sd, c.n, confidence)
+                ci += (f"; {100 * confidence:.4g} % CI [{centre - half:+.2f}, {centre + half:+.2f}] "
+                       f"(Bonferroni width over the family's {tests[family]} tests)")
             if c.verdict == "~":
                 how = ("not testable" if math.isnan(c.p) else
                        f"change not distinguishable from 0 ({change:+.2f}{ci}, p = {c.p_adjusted:.2g} Holm)"
