@@ -119,11 +119,23 @@ class Init(_Section):
     kernel: PosInt                       # the headline Imp.-k row
 
 
+class SpeedEndpoint(_Section):           # test accuracy early in training, tested like the primary
+    epoch: PosInt                        # an evaluated epoch of every main dataset's recipe
+    primary: str                         # "<arm> vs <arm>" ("ours" allowed), tested alone at alpha
+
+    @field_validator("primary")
+    @classmethod
+    def _pair(cls, v):
+        cells.parse_contrast(v)
+        return v
+
+
 class Contrasts(_Section):               # the main table's planned, paired tests (reporting/stats.py)
     alpha: Annotated[float, Field(gt=0, lt=1)] = 0.05
     primary: str                         # "<arm> vs <arm>"; tested alone at alpha
     direction: Literal["two-sided", "greater"] = "two-sided"   # greater: the primary's first arm wins
     secondary: list[str] = []            # Holm over these only
+    speed: Optional[SpeedEndpoint] = None   # a pre-specified speed endpoint beside final accuracy
     registered: Optional[str] = None     # the primary as fixed before the committed run, arms named
                                          # ("impulse3 vs trunc_normal"); a run whose primary resolves
                                          # otherwise (another init.kernel) is labelled exploratory
@@ -391,6 +403,16 @@ def _cross_field_problems(p: Params, root: str | Path = ".") -> list[tuple[str, 
                         f"grid.datasets (streamed datasets: {list(STREAMED)})"))
     grid_datasets = [d for d in g.datasets if d in image]     # an unknown one is reported above
     main_datasets = grid_datasets + g.streamed_datasets
+    if p.contrasts.speed is not None:     # the speed endpoint reads a test accuracy every run logged
+        e = p.contrasts.speed.epoch
+        for d in main_datasets:
+            if d not in p.recipes:
+                continue
+            train = p.recipes[d].train
+            every = getattr(train, "eval_every", 1) or 1
+            if e > train.epochs or (e % every and e != train.epochs):
+                out.append(("contrasts.speed.epoch", e, f"{d} is tested every {every} epoch(s) and after its last "
+                            f"({train.epochs}); allowed: a multiple of {every} up to {train.epochs}"))
     used = {("grid.datasets", d) for d in grid_datasets} | {
         ("grid.streamed_datasets", d) for d in g.streamed_datasets} | {
         (f"studies.{name}.datasets", d) for name in cells.STUDIES for d in getattr(s, name).datasets}

@@ -71,6 +71,45 @@ def main_contrasts(runs: pd.DataFrame, dataset: str, inits: list[str], plan: Pla
                                    alternative=plan.alternative, alpha=plan.alpha)
 
 
+def _run_row(cell: Path, seed: int, speed_epoch: int | None) -> dict:
+    """One run's row of cells.csv: its final/best accuracy and epochs, and, where params.yaml
+    plans a speed endpoint, its test accuracy (%) at that epoch."""
+    row, curve = read_cell(cell, seed)
+    if speed_epoch is not None:
+        at = curve[curve.epoch == speed_epoch]
+        if at.empty:
+            raise MissingFileError(f"{run_name(cell.name, seed)} has no test accuracy at epoch {speed_epoch} "
+                                   f"(contrasts.speed.epoch); it was tested at epochs {curve.epoch.tolist()[:6]}...")
+        row["speed_acc"] = 100 * float(at["acc"].iloc[0])
+    return row
+
+
+def speed_section(runs: pd.DataFrame, datasets: list[str], inits: list[str], speed: dict, ours: str,
+                  epochs: dict, alpha: float, label=str) -> str:
+    """The pre-specified speed endpoint: each arm's test accuracy at contrasts.speed.epoch, and
+    its primary pair tested alone at alpha, paired by seed (recorded with the main table's)."""
+    e, pair = speed["epoch"], cells.parse_contrast(speed["primary"], ours)
+    rows, contrasts = [], []
+    for ds in datasets:
+        groups = {i: by_seed(runs, ds, i, "speed_acc") for i in inits}
+        for i, g in groups.items():
+            s = stats.summarize(list(g.values()))
+            rows.append(f"| {ds} | {label(i)} | {s.mean:.2f} ± {s.std:.2f} |")
+        contrasts += stats.planned_contrasts(groups, family=f"{ds}, epoch {e}", primary=pair, alpha=alpha,
+                                             describe_others=False)
+    if not contrasts:
+        return ""
+    budget = ", ".join(f"{ds}: {e} of {epochs[ds]} epochs" for ds in datasets)
+    tests = stats.contrasts_block(contrasts, label, alpha=alpha, title="Speed endpoint: conclusions",
+                                  primary_note=lambda c: detectable_line(c, alpha))
+    return (f"## Speed endpoint: test accuracy at epoch {e} (pre-specified)\n\n"
+            f"Fixed in params.yaml (contrasts.speed) before the run that first reports it ({budget}): how far "
+            "each initializer has got early on, where the paper's later version claims the structured init "
+            "converges faster. Mean ± std over seeds, accuracy in %.\n\n"
+            f"| dataset | initializer | test acc at epoch {e} |\n|---|---|---|\n" + "\n".join(rows) + "\n\n"
+            + tests.replace("## ", "### ", 1))
+
+
 def detectable_line(c: stats.Contrast, alpha: float, unit: str = "points") -> str:
     """Beside the primary: the smallest true difference its design detects (80 % power, the
     exact noncentral t at n - 1 df, the contrast's own alpha and sidedness, from its own SD of
@@ -132,8 +171,9 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
         if not (seed_dir(results / main_cell(d, i), s) / "metrics.json").exists()]
     if missing:
         raise MissingFileError(f"missing results for {len(missing)} run(s) (cell-seed): {missing}")
+    speed = params["contrasts"].get("speed")
     runs = pd.DataFrame([{"dataset": d, "init": i, "seed": s,
-                    **read_cell(results / main_cell(d, i), s)[0]} for d, i, s in expected])
+                          **_run_row(results / main_cell(d, i), s, speed and speed["epoch"])} for d, i, s in expected])
     solves = list(itertools.product(grid["datasets"], grid["kernels"], grid["seeds"]))
 
     def record(folder, d, k, s):
@@ -158,6 +198,9 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
         main_block = stats.contrasts_block([c for ds in grid["datasets"] for c in contrasts[ds]], init_label,
                                            alpha=plan.alpha, primary_note=lambda c: detectable_line(c, plan.alpha)
                                            ) + plan.not_run(inits)
+        speed_block = speed_section(runs, grid["datasets"], inits, speed, ours,
+                                    {ds: params["recipes"][ds]["train"]["epochs"] for ds in grid["datasets"]},
+                                    plan.alpha, init_label) if speed else ""
     impulse_rows = [i for i in inits if cells.impulse_kernel(i)]
     kernel_cmp = [c for ds in grid["datasets"] for c in stats.planned_contrasts(
         {i: by_seed(runs, ds, i) for i in impulse_rows}, family=ds)]
@@ -175,6 +218,7 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
         + figures_md
         + table + "\n\n"
         + plan.exploratory_note(init_label) + main_block + "\n" + confound
+        + (speed_block + "\n" if speed_block else "")
         + report.paper_main_block())
     primary_lines = [stats.contrast_line(c, init_label, plan.alpha) + "\n" + detectable_line(c, plan.alpha)
                      for ds in grid["datasets"] for c in contrasts[ds] if c.role == "primary"]
