@@ -304,30 +304,39 @@ def test_a_primary_other_than_the_registered_one_is_labelled_exploratory():
 
 def test_the_speed_endpoint_reads_each_run_at_its_epoch_and_tests_the_planned_pair(tmp_path):
     """contrasts.speed: a run's test accuracy at the planned epoch comes from its dvclive curve
-    (step = epoch - 1); the section tests the planned pair alone, paired by seed, and refuses
-    an epoch the run was not tested at."""
+    (step = epoch - 1); the section tests the planned pair alone, paired by seed (the number and
+    the verdict are scipy's paired t test's), refuses an epoch the run was not tested at, and
+    follows the main primary's exploratory label."""
     import pandas as pd
+    from scipy import stats as sps
 
     from structinit.io import MissingFileError
     from structinit.reporting.main_report import _run_row, speed_section
 
-    rows = []
-    for init, rate in (("impulse3", 3.0), ("trunc_normal", 1.0)):
+    rows, at20 = [], {}
+    for init, rate in (("impulse3", 2.0), ("trunc_normal", 1.0)):
         for seed in range(4):
             run = tmp_path / f"digits-{init}" / f"seed{seed}"
             (run / "plots/metrics/test").mkdir(parents=True)
             (run / "metrics.json").write_text('{"final_test_acc": 0.9, "best_test_acc": 0.91, "step": 39}')
-            accs = [min(0.99, rate * e / 100 + 0.01 * seed) for e in range(5, 41, 5)]
+            wobble = 0.03 * ((seed * 7 + len(init)) % 5)           # per-seed, per-arm: differences vary
+            accs = {e: min(0.99, rate * e / 100 + wobble) for e in range(5, 41, 5)}
             (run / "plots/metrics/test/acc.tsv").write_text(
-                "step\tacc\n" + "".join(f"{e - 1}\t{a}\n" for e, a in zip(range(5, 41, 5), accs)))
+                "step\tacc\n" + "".join(f"{e - 1}\t{a}\n" for e, a in accs.items()))
             row = _run_row(tmp_path / f"digits-{init}", seed, 20)
-            assert row["speed_acc"] == pytest.approx(100 * min(0.99, rate * 0.2 + 0.01 * seed))
+            assert row["speed_acc"] == pytest.approx(100 * accs[20])
+            at20[init, seed] = 100 * accs[20]
             rows.append({"dataset": "digits", "init": init, "seed": seed, **row})
     with pytest.raises(MissingFileError, match=r"digits-impulse3-0 has no test accuracy at epoch 21"):
         _run_row(tmp_path / "digits-impulse3", 0, 21)
-    text = speed_section(pd.DataFrame(rows), ["digits"], ["impulse3", "trunc_normal"],
-                         {"epoch": 20, "primary": "ours vs trunc_normal"}, "impulse3", {"digits": 40}, 0.05)
-    assert "## Speed endpoint: test accuracy at epoch 20 (pre-specified)" in text
-    assert "| digits | impulse3 | 61.50 ± 1.29 |" in text and "| digits | trunc_normal | 21.50 ± 1.29 |" in text
-    assert "- digits, epoch 20: impulse3 − trunc_normal: +40.00 points" in text
-    assert "Detectable with this design" in text
+    args = (pd.DataFrame(rows), ["digits"], ["impulse3", "trunc_normal"],
+            {"epoch": 20, "primary": "ours vs trunc_normal"}, "impulse3", {"digits": 40}, 0.05)
+    text = speed_section(*args)
+    ref = sps.ttest_rel([at20["impulse3", s] for s in range(4)], [at20["trunc_normal", s] for s in range(4)])
+    diff = sum(at20["impulse3", s] - at20["trunc_normal", s] for s in range(4)) / 4
+    assert "## Speed endpoint: test accuracy at epoch 20" in text and "it tests only on new ones" in text
+    assert f"- digits, epoch 20: impulse3 − trunc_normal: {diff:+.2f} points" in text
+    assert ref.pvalue < 0.05 and f"**impulse3 > trunc_normal** (p = {ref.pvalue:.3g})" in text
+    assert "Detectable with this design" in text and "Exploratory" not in text
+    assert "**Exploratory.** As the main primary, the speed endpoint's pair follows init.kernel" in speed_section(
+        *args, exploratory="**Exploratory.** This run's primary contrast, X, is not ...\n\n")

@@ -476,7 +476,7 @@ def _cross_field_problems(p: Params, root: str | Path = ".") -> list[tuple[str, 
                                             f" with shape {z}")
     # every study trains on data the download stage prepares, which it does for grid.datasets only
     # (dvc.yaml: download foreach grid.datasets); a study dataset outside it would have no data
-    for name in ("convmixer", "pseudo_input", "heads_width", "data_size"):
+    for name in cells.STUDIES:
         out += _subset(f"studies.{name}.datasets", getattr(s, name).datasets, "grid.datasets", g.datasets,
                        "only grid.datasets are downloaded and prepared (add it there too)")
     # studies that reuse the main grid's cells need those cells to exist

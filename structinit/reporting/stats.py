@@ -401,7 +401,8 @@ def equivalence_block(tests: list[Equivalence], label=str, unit: str = "points",
 
 def _interval(c) -> str:
     """The 95 % interval; beside a Holm verdict it is labelled unadjusted and followed by the
-    Bonferroni-width interval over the family's tests, the one to read against the verdict."""
+    Bonferroni-width interval over the family's tests: simultaneous, and conservative next to
+    Holm's stepwise verdicts (Holm can reject while it still covers 0)."""
     if math.isnan(c.ci_low):
         return ""
     own = f", 95 % CI [{c.ci_low:+.2f}, {c.ci_high:+.2f}]"
