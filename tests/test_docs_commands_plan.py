@@ -1,6 +1,6 @@
 """Every `dvc exp run -S ...` the README and docs/ show, run as far as DVC's own planning: in a
-copy of the project whose every stage is up to date, with the command's params applied,
-`dvc status` must list at least one stage that the changed keys feed (one that reads them, or
+copy of the project whose every stage is up to date, with the command's -S values applied by
+DVC's own writer, `dvc status` must list at least one stage that the changed keys feed (one that reads them, or
 one they add). A command that changes nothing DVC would run (a study switched off, a dataset
 that nothing downloads) fails here.
 
@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from test_pipeline import REPO, sh, tiny_repo_copy
-from test_readme_commands import all_exp_runs, apply_overrides
+from dvc.utils.hydra import apply_overrides as dvc_apply_overrides
+from test_readme_commands import all_exp_runs
 
 FILE_SUFFIXES = (".pt", ".json", ".md", ".csv", ".checked", ".png", ".yaml", ".txt")
 
@@ -45,9 +46,13 @@ def clean_default(tmp_path_factory):
     return repo, lock
 
 
-def _changed_keys(command: str) -> list[str]:
+def _overrides(command: str) -> list[str]:
     words = shlex.split(command)
-    return [value.split("=", 1)[0] for flag, value in zip(words, words[1:]) if flag == "-S"]
+    return [value for flag, value in zip(words, words[1:]) if flag == "-S"]
+
+
+def _changed_keys(command: str) -> list[str]:
+    return [value.split("=", 1)[0] for value in _overrides(command)]
 
 
 def _target(command: str) -> list[str]:
@@ -67,8 +72,10 @@ def stages_fed(repo, lock: dict, command: str) -> tuple[list[str], dict]:
     command's params applied to the clean default; params.yaml is restored after."""
     default = (repo / "params.yaml").read_text()
     try:
-        params = apply_overrides(yaml.safe_load(default), command.removeprefix("./run.sh "))
-        (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        # the -S values through DVC's own parser and writer (hydra's override grammar, what
+        # `dvc exp run -S` applies): a value DVC would reject fails here. (`dvc exp run --dry`
+        # itself cannot plan here: it works in a copy of the git-tracked files, without outputs.)
+        dvc_apply_overrides(repo / "params.yaml", _overrides(command))
         target = _target(command)
         status = json.loads(sh(repo, "dvc", "status", "--json", *(target and [*target, "--with-deps"])).stdout or "{}")
     finally:
