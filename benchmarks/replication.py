@@ -11,6 +11,12 @@ compares reports/conclusions/main_table.json of both runs pair by pair:
   reversed       significant in the opposite direction
   consistent     not distinguishable before or now
   new            not distinguishable before, significant now
+Beside each verdict: each half's estimate and 95 % interval, and the two halves pooled (n =
+both seed sets, paired by seed), labelled post hoc: pooling was decided after both were seen.
+Each half's CPU, dtype and package versions (what its runs logged) head the table. The
+replication's per-seed outputs (metrics, params, init record and test curve of every run) are
+kept in benchmarks/replication/, so that the pooled figures can be recomputed
+(--again JSON recomputes them from there).
 Prints the table and last `confirmed: <k> of <m> stated differences`.
 """
 import argparse
@@ -26,6 +32,8 @@ import yaml
 from tabulate import tabulate
 
 REPO = Path(__file__).resolve().parents[1]
+KEPT = "benchmarks/replication"          # the replication's per-seed outputs (results/train/<cell>/seed<s>/)
+KEEP_FILES = ("metrics.json", "params.yaml", "init.json", "plots/metrics/test/acc.tsv")
 
 
 def copy_tree(dest: Path) -> None:
@@ -69,7 +77,8 @@ def main():
     if a.again is not None:
         if not a.seeds:
             ap.error("--again needs the --seeds that replication ran on")
-        text = replication_report(original, json.loads(a.again.read_text()), seeds, new)
+        text = replication_report(original, json.loads(a.again.read_text()), seeds, new,
+                                  **halves(REPO / "results/train", REPO / KEPT / "results/train", seeds, new))
         Path(a.out).write_text(text)
         print(text)
         return
@@ -91,14 +100,69 @@ def main():
                     ["dvc", "repro", "aggregate"]):
             subprocess.run(cmd, cwd=repo, env=env, check=True)
         again = json.loads((repo / "reports/conclusions/main_table.json").read_text())
+        keep_outputs(repo / "results/train", REPO / KEPT / "results/train")
     finally:
         if a.keep:
             print(f"kept {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    text = replication_report(original, again, seeds, new)
+    text = replication_report(original, again, seeds, new,
+                              **halves(REPO / "results/train", REPO / KEPT / "results/train", seeds, new))
     Path(a.out).write_text(text)
     print(text)
+
+
+def keep_outputs(results: Path, dest: Path) -> None:
+    """Copy every run's small outputs (KEEP_FILES) of a results/train tree to dest, replacing it."""
+    shutil.rmtree(dest, ignore_errors=True)
+    for metrics in sorted(results.glob("*/seed*/metrics.json")):
+        run = metrics.parent
+        for name in KEEP_FILES:
+            if (run / name).exists():
+                target = dest / run.relative_to(results) / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(run / name, target)
+
+
+def _accuracies(results: Path, seeds: list) -> dict:
+    """(dataset, init) -> {seed: final test accuracy in %} for the runs of `seeds` in a
+    results/train tree (cells named <dataset>-<init>)."""
+    out: dict = {}
+    for metrics in sorted(results.glob("*/seed*/metrics.json")):
+        seed = int(metrics.parent.name[4:])
+        if seed in seeds:
+            dataset, init = metrics.parent.parent.name.split("-", 1)
+            out.setdefault((dataset, init), {})[seed] = 100 * json.loads(metrics.read_text())["final_test_acc"]
+    return out
+
+
+def halves(first: Path, second: Path, seeds: list, new: list) -> dict:
+    """What the report adds to the verdicts: the per-seed accuracies of both halves (for the
+    pooled, post-hoc estimate) and what each half ran on ("" where a half has no runs)."""
+    from structinit.reporting.runs import ran_with
+
+    def runs(results, wanted):
+        return [m.parent for m in sorted(results.glob("*/seed*/metrics.json")) if int(m.parent.name[4:]) in wanted]
+    return {"values": (_accuracies(first, seeds), _accuracies(second, new)),
+            "ran": (ran_with(runs(first, seeds)), ran_with(runs(second, new)))}
+
+
+def _half(c: dict) -> str:
+    ci = "" if c.get("ci_low") is None or c["ci_low"] != c["ci_low"] else f" [{c['ci_low']:+.2f}, {c['ci_high']:+.2f}]"
+    return f"{c['diff']:+.2f}{ci}"
+
+
+def _pooled(values: tuple, family: str, a: str, b: str) -> str:
+    """Both halves' seeds together, paired by seed: the estimate, 95 % interval, p and n."""
+    from structinit.reporting.stats import paired_difference
+
+    first, second = values
+    xa = {**first.get((family, a), {}), **second.get((family, a), {})}
+    xb = {**first.get((family, b), {}), **second.get((family, b), {})}
+    if len(set(xa) & set(xb)) < 2:
+        return "—"
+    d = paired_difference(xa, xb)
+    return f"{d.diff:+.2f} [{d.ci_low:+.2f}, {d.ci_high:+.2f}], p={d.p:.2g}, n={d.n}"
 
 
 def _stated(c: dict) -> str:
@@ -107,23 +171,35 @@ def _stated(c: dict) -> str:
     return f"{c['verdict']} ({diff:+.2f}, p={p:.2g}{', fragile' if c.get('fragile') else ''})"
 
 
-def replication_report(original: dict, again: dict, seeds: list, new: list) -> str:
-    """Each planned conclusion of the committed main table against the same test on new seeds."""
+def replication_report(original: dict, again: dict, seeds: list, new: list, values: tuple | None = None,
+                       ran: tuple = ("", "")) -> str:
+    """Each planned conclusion of the committed main table against the same test on new seeds,
+    with each half's estimate and interval; values ((dataset, init) -> {seed: acc} of each
+    half) adds the pooled, post-hoc estimate; ran: each half's "Computed in ..." sentence."""
     after = {(c["family"], c["a"], c["b"]): c for c in again["conclusions"]}
     rows, stated, confirmed = [], 0, 0
     for c in original["conclusions"]:
         d = after.get((c["family"], c["a"], c["b"]))
+        pooled = _pooled(values, c["family"], c["a"], c["b"]) if values else "—"
         if d is None:
-            rows.append([c["family"], c.get("role", ""), f"{c['a']} vs {c['b']}", _stated(c), "not run", "—"])
+            rows.append([c["family"], c.get("role", ""), f"{c['a']} vs {c['b']}", _stated(c), _half(c),
+                         "not run", "—", pooled, "—"])
             continue
         v = verdict(c["verdict"], d["verdict"])
         stated += c["verdict"] != "~"
         confirmed += v == "confirmed"
-        rows.append([c["family"], c.get("role", ""), f"{c['a']} vs {c['b']}", _stated(c), _stated(d), v])
+        rows.append([c["family"], c.get("role", ""), f"{c['a']} vs {c['b']}", _stated(c), _half(c), _stated(d),
+                     _half(d), pooled, v])
+    where = "".join(f"\n- seeds {s}: {r or 'no runs found'}" for s, r in zip((seeds, new), ran) if any(ran))
     return (f"# Replication of the main table's planned conclusions (python -m benchmarks.replication)\n\n"
-            f"Seeds {seeds} (reports/) vs {new} (replication, disjoint). Test: {original['test']}.\n\n"
-            + tabulate(rows, headers=["dataset", "role", "contrast", "stated", "replication", "verdict"],
-                       tablefmt="github")
+            f"Seeds {seeds} (reports/) vs {new} (replication, disjoint). Test: {original['test']}.\n"
+            + (f"\nWhat each half ran on:{where}\n" if where else "") +
+            "\nEach half: its verdict, the mean paired difference (points) and its 95 % interval (unadjusted). "
+            "Pooled: both halves' seeds together, paired by seed — post hoc (pooling was decided after both "
+            "halves were seen), an estimate, not a test of the stated conclusion.\n\n"
+            + tabulate(rows, headers=["dataset", "role", "contrast", "stated", "stated: diff [95 % CI]",
+                                      "replication", "replication: diff [95 % CI]", "pooled (post hoc)",
+                                      "verdict"], tablefmt="github")
             + f"\n\nconfirmed: {confirmed} of {stated} stated differences\n")
 
 

@@ -340,3 +340,45 @@ def test_the_speed_endpoint_reads_each_run_at_its_epoch_and_tests_the_planned_pa
     assert "Detectable with this design" in text and "Exploratory" not in text
     assert "**Exploratory.** As the main primary, the speed endpoint's pair follows init.kernel" in speed_section(
         *args, exploratory="**Exploratory.** This run's primary contrast, X, is not ...\n\n")
+
+
+def test_replication_keeps_its_runs_and_pools_both_halves_post_hoc(tmp_path):
+    """The replication keeps each run's small outputs; the report gives each half's estimate
+    and interval, both halves pooled by seed (scipy's paired t on all ten), labelled post
+    hoc, and what each half ran on."""
+    import json
+
+    import yaml
+    from scipy import stats as sps
+
+    from benchmarks.replication import halves, keep_outputs, replication_report
+
+    acc = {}
+    for root, seeds, cpu in ((tmp_path / "a", range(5), "CPU one"), (tmp_path / "b", range(5, 10), "CPU two")):
+        for init, shift in (("impulse3", 0.4), ("trunc_normal", 0.0)):
+            for s in seeds:
+                run = root / f"digits-{init}" / f"seed{s}"
+                (run / "plots/metrics/test").mkdir(parents=True)
+                acc[init, s] = 0.9 + shift / 100 + 0.003 * ((s * 3 + len(init)) % 4)
+                (run / "metrics.json").write_text(json.dumps({"final_test_acc": acc[init, s]}))
+                (run / "params.yaml").write_text(yaml.safe_dump({"compute_dtype": "bf16", "device": "cpu",
+                                                                  "cpu": cpu, "cpu_threads": 2, "versions": "v"}))
+                (run / "plots/metrics/test/acc.tsv").write_text("step\tacc\n0\t0.5\n")
+                (run / "model.bin").write_text("not kept")
+    keep_outputs(tmp_path / "b", tmp_path / "kept")
+    kept = sorted(p.relative_to(tmp_path / "kept").as_posix() for p in (tmp_path / "kept").rglob("*") if p.is_file())
+    assert "digits-impulse3/seed7/plots/metrics/test/acc.tsv" in kept and len(kept) == 10 * 3
+    extra = halves(tmp_path / "a", tmp_path / "kept", list(range(5)), list(range(5, 10)))
+    conclusion = {"family": "digits", "a": "impulse3", "b": "trunc_normal", "verdict": "~", "diff": 0.4,
+                  "ci_low": -0.1, "ci_high": 0.9, "p_adjusted": 0.1, "role": "primary"}
+    text = replication_report({"test": "t", "conclusions": [conclusion]}, {"conclusions": [conclusion]},
+                              list(range(5)), list(range(5, 10)), **extra)
+    ref = sps.ttest_rel([100 * acc["impulse3", s] for s in range(10)],
+                        [100 * acc["trunc_normal", s] for s in range(10)])
+    low, high = ref.confidence_interval()
+    mean = sum(100 * (acc["impulse3", s] - acc["trunc_normal", s]) for s in range(10)) / 10
+    assert f"{mean:+.2f} [{low:+.2f}, {high:+.2f}], p={ref.pvalue:.2g}, n=10" in text
+    assert "post hoc (pooling was decided after both halves were seen)" in text
+    assert "+0.40 [-0.10, +0.90]" in text
+    assert "- seeds [0, 1, 2, 3, 4]: Computed in bf16 (autocast) on CPU: CPU one, 2 threads (10 runs)" in text
+    assert "- seeds [5, 6, 7, 8, 9]: Computed in bf16 (autocast) on CPU: CPU two" in text
