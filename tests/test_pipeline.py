@@ -109,10 +109,12 @@ def test_repro_builds_reports_and_leaves_git_clean(tiny_repo):
                 for s in (0, 1)]
         assert accs[0] != accs[1]                               # two seeds, two different runs
     conclusions = json.loads((repo / "reports/conclusions/main_table.json").read_text())
-    # planned (params.yaml contrasts) on the arms this grid has: the primary, one secondary;
-    # the third pair is described without a test
+    # planned (params.yaml contrasts) on the arms this grid has: the primary, one secondary,
+    # and the speed endpoint's primary, alone at alpha at the first tested epoch (every 2 of 3)
+    # at or after 1/8 of the budget; the third pair is described without a test
     assert [(c["id"], c["role"]) for c in conclusions["conclusions"]] == [
-        ("digits: impulse3 vs trunc_normal", "primary"), ("digits: impulse3 vs impulse5", "secondary")]
+        ("digits: impulse3 vs trunc_normal", "primary"), ("digits: impulse3 vs impulse5", "secondary"),
+        ("digits, epoch 2: impulse3 vs trunc_normal", "primary")]
     assert [c["id"] for c in conclusions["described"]] == ["digits: trunc_normal vs impulse5"]
     kernel = json.loads((repo / "reports/conclusions/kernel_table.json").read_text())
     assert kernel["conclusions"] == [] and [c["id"] for c in kernel["described"]] == ["digits: impulse3 vs impulse5"]

@@ -330,11 +330,12 @@ def test_the_speed_endpoint_reads_each_run_at_its_epoch_and_tests_the_planned_pa
     with pytest.raises(MissingFileError, match=r"digits-impulse3-0 has no test accuracy at epoch 21"):
         _run_row(tmp_path / "digits-impulse3", 0, 21)
     args = (pd.DataFrame(rows), ["digits"], ["impulse3", "trunc_normal"],
-            {"epoch": 20, "primary": "ours vs trunc_normal"}, "impulse3", {"digits": 40}, 0.05)
+            {"fraction": 0.5, "primary": "ours vs trunc_normal"}, "impulse3", {"digits": 20}, {"digits": 40}, 0.05)
     text = speed_section(*args)
     ref = sps.ttest_rel([at20["impulse3", s] for s in range(4)], [at20["trunc_normal", s] for s in range(4)])
     diff = sum(at20["impulse3", s] - at20["trunc_normal", s] for s in range(4)) / 4
-    assert "## Speed endpoint: test accuracy at epoch 20" in text and "it tests only on new ones" in text
+    assert "## Speed endpoint: test accuracy at 0.5 of the budget" in text and "it tests only on new ones" in text
+    assert "digits: epoch 20 of 40" in text
     assert f"- digits, epoch 20: impulse3 − trunc_normal: {diff:+.2f} points" in text
     assert ref.pvalue < 0.05 and f"**impulse3 > trunc_normal** (p = {ref.pvalue:.3g})" in text
     assert "Detectable with this design" in text and "Exploratory" not in text
@@ -382,3 +383,13 @@ def test_replication_keeps_its_runs_and_pools_both_halves_post_hoc(tmp_path):
     assert "+0.40 [-0.10, +0.90]" in text
     assert "- seeds [0, 1, 2, 3, 4]: Computed in bf16 (autocast) on CPU: CPU one, 2 threads (10 runs)" in text
     assert "- seeds [5, 6, 7, 8, 9]: Computed in bf16 (autocast) on CPU: CPU two" in text
+
+
+def test_the_speed_epoch_is_the_first_tested_epoch_at_or_after_the_fraction():
+    from structinit.reporting.main_report import speed_epoch
+
+    assert speed_epoch({"epochs": 160, "eval_every": 5}, 0.125) == 20        # the default
+    assert speed_epoch({"epochs": 160, "eval_every": 5}, 0.13) == 25         # 20.8 -> the next tested
+    assert speed_epoch({"epochs": 3, "eval_every": 2}, 0.125) == 2           # a tiny run: still one
+    assert speed_epoch({"epochs": 12, "eval_every": 5}, 0.9) == 12           # past the last multiple: the end
+    assert speed_epoch({"epochs": 200}, 0.125) == 25                         # every epoch tested

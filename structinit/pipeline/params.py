@@ -120,7 +120,7 @@ class Init(_Section):
 
 
 class SpeedEndpoint(_Section):           # test accuracy early in training, tested like the primary
-    epoch: PosInt                        # an evaluated epoch of every main dataset's recipe
+    fraction: Annotated[float, Field(gt=0, le=1)]   # of each recipe's epochs: the first tested epoch at or after it
     primary: str                         # "<arm> vs <arm>" ("ours" allowed), tested alone at alpha
 
     @field_validator("primary")
@@ -403,16 +403,6 @@ def _cross_field_problems(p: Params, root: str | Path = ".") -> list[tuple[str, 
                         f"grid.datasets (streamed datasets: {list(STREAMED)})"))
     grid_datasets = [d for d in g.datasets if d in image]     # an unknown one is reported above
     main_datasets = grid_datasets + g.streamed_datasets
-    if p.contrasts.speed is not None:     # the speed endpoint reads a test accuracy every run logged
-        e = p.contrasts.speed.epoch
-        for d in main_datasets:
-            if d not in p.recipes:
-                continue
-            train = p.recipes[d].train
-            every = getattr(train, "eval_every", 1) or 1
-            if e > train.epochs or (e % every and e != train.epochs):
-                out.append(("contrasts.speed.epoch", e, f"{d} is tested every {every} epoch(s) and after its last "
-                            f"({train.epochs}); allowed: a multiple of {every} up to {train.epochs}"))
     used = {("grid.datasets", d) for d in grid_datasets} | {
         ("grid.streamed_datasets", d) for d in g.streamed_datasets} | {
         (f"studies.{name}.datasets", d) for name in cells.STUDIES for d in getattr(s, name).datasets}
