@@ -31,7 +31,7 @@ from structinit.pipeline.cells import parse_init, run_name, seed_dir
 from structinit.training.config import TrainConfig
 from structinit.distributed import DistributedContext, relaunch_under_torchrun, requested_micro_batch
 from structinit.training.steps import match_steps, steps_per_epoch, total_steps
-from structinit.training.common import code_fingerprint
+from structinit.training.common import code_fingerprint, default_device
 from structinit.training.trainer import compute_dtype, train_models
 
 
@@ -115,7 +115,9 @@ def main(module: str = "stages.train", load_data=None, train_cell=None):
     requested_micro_batch()                   # bad values stop here, before any work
     every_s, restart = requested_checkpoint_seconds(), restart_requested()
     params = load_params()
-    refuse_cpu_for_gpu_recipe(a.dataset, DistributedContext.from_env().device().type, params.get("own_datasets") or {})
+    # default_device: whether torch sees a GPU, without taking one (device() would set GPU 0 in
+    # this process, which under torchrun only waits for its workers)
+    refuse_cpu_for_gpu_recipe(a.dataset, default_device().type, params.get("own_datasets") or {})
     if (status := relaunch_under_torchrun(module, sys.argv[1:])) is not None:
         sys.exit(status)
     main_rank = DistributedContext.from_env().is_main
@@ -143,7 +145,7 @@ def main(module: str = "stages.train", load_data=None, train_cell=None):
     device = DistributedContext.from_env().device()      # the one the trainer will pick
     # what the cell computed with: logged beside its params, shown in the reports' "What ran"
     ran_with = {"compute_dtype": compute_dtype(cfgs[0], device, models[0]), "device": device.type,
-                "versions": package_versions(),
+                "versions": package_versions(), "micro_batch": requested_micro_batch(),
                 **({"cpu": (n := numerics_record())["cpu"], "cpu_threads": n["threads"]}
                    if device.type == "cpu" else {})}
     with contextlib.ExitStack() as stack:

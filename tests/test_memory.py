@@ -67,3 +67,17 @@ def test_the_estimate_is_within_a_factor_of_the_measured_cuda_peak(digits):
     estimate = estimate_training_memory(models, sample, batch=64, micro_batch=None, dtype="bf16",
                                         data_bytes=digits.train_images.nbytes + digits.test_images.nbytes)
     assert 0.5 * estimate.total_bytes <= peak <= 2 * estimate.total_bytes, (peak, estimate.describe())
+
+
+def test_the_probe_runs_the_trainers_attention_kernel_and_restores_the_random_state():
+    """Explicit attention saves its attention maps, the fused kernel does not: the probe takes
+    the trainer's choice. And the probe leaves the random state as it found it."""
+    model = small_vit()
+    x = torch.randn(4, 1, 8, 8)
+    state = torch.get_rng_state()
+    explicit = saved_activation_bytes(model, x, "fp32", fused_attention=False)
+    fused = saved_activation_bytes(model, x, "fp32", fused_attention=True)
+    assert torch.equal(torch.get_rng_state(), state)
+    tokens = model.patch_embed.num_patches + model.num_prefix_tokens
+    maps = len(model.blocks) * 4 * model.blocks[0].attn.num_heads * tokens * tokens * 4   # fp32 (B, H, T, T)
+    assert 0.9 * maps <= explicit - fused <= 1.5 * maps     # explicit keeps each block's attention maps

@@ -92,3 +92,21 @@ def test_what_ran_names_the_package_versions_each_run_logged(tmp_path):
     assert sentence == ("Computed in bf16 (autocast) on CPU: AMD EPYC, 2 threads (4 runs). With python 3.11.7, "
                         "torch 2.14.1 (2 runs); python 3.12.1, torch 2.15.0 (1 run); "
                         "unrecorded package versions (1 run)")
+
+
+def test_the_code_hash_covers_the_script_run_as_main(tmp_path, monkeypatch):
+    """`python -m stages.train` runs the stage script as __main__: its source counts too (an
+    edit of the script that trains must not resume epochs its old version trained)."""
+    import types
+
+    script = tmp_path / "probe_main.py"
+    script.write_text("EPOCHS = 1\n")
+    main = types.ModuleType("__main__")
+    main.__file__ = str(script)
+    main.__spec__ = types.SimpleNamespace(name="stages.probe_main")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    before = code_fingerprint(("stages",))
+    script.write_text("EPOCHS = 2\n")
+    assert code_fingerprint(("stages",)) != before
+    monkeypatch.setattr(main, "__spec__", None)                       # a plain `python script.py`
+    assert code_fingerprint(("stages",)) == code_fingerprint(("stages",))

@@ -143,13 +143,18 @@ def code_fingerprint(packages: tuple[str, ...] = ("structinit", "stages")) -> st
     import sys
 
     h = hashlib.sha256()
-    for name in sorted(sys.modules):
-        module = sys.modules[name]
+    loaded = {}
+    for name, module in list(sys.modules.items()):
+        # the script run with `python -m stages.train` is __main__, its name in its __spec__
+        spec = getattr(module, "__spec__", None)
+        real = spec.name if name == "__main__" and spec is not None else name
         file = getattr(module, "__file__", None)
-        if file and name.split(".")[0] in packages and file.endswith(".py"):
-            h.update(f"{name}\0".encode())
-            h.update(Path(file).read_bytes())
-            h.update(b"\0")
+        if file and real.split(".")[0] in packages and file.endswith(".py"):
+            loaded[real] = file
+    for name in sorted(loaded):
+        h.update(f"{name}\0".encode())
+        h.update(Path(loaded[name]).read_bytes())
+        h.update(b"\0")
     return h.hexdigest()[:16]
 
 

@@ -51,11 +51,19 @@ class MemoryEstimate:
         return min(fits, self.images_per_pass) if fits >= 1 else None
 
 
-def saved_activation_bytes(model: torch.nn.Module, sample: torch.Tensor, dtype: str) -> int:
+def saved_activation_bytes(model: torch.nn.Module, sample: torch.Tensor, dtype: str,
+                           fused_attention: bool | None = None) -> int:
     """Bytes autograd saves for backward in one training forward (+ cross-entropy) of `model`
     on `sample` (B, C, H, W), measured on the CPU on a copy (BatchNorm statistics of the real
-    model stay untouched); each storage counted once."""
+    model stay untouched, and the random state is restored: a model with dropout trains the
+    same whether or not it was probed); each storage counted once. fused_attention: the
+    attention kernel the trainer runs (timm's fused_attn; stacked.choose_attention), None: the
+    model's own setting."""
     probe = copy.deepcopy(model).cpu().train()
+    if fused_attention is not None:
+        for m in probe.modules():
+            if hasattr(m, "fused_attn"):
+                m.fused_attn = fused_attention
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor):
@@ -63,7 +71,7 @@ def saved_activation_bytes(model: torch.nn.Module, sample: torch.Tensor, dtype: 
         seen[storage.data_ptr()] = storage.nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+    with torch.random.fork_rng(devices=[]), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
             torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
         logits = probe(sample.cpu().float())
         torch.nn.functional.cross_entropy(logits.float(), torch.zeros(len(sample), dtype=torch.long))
@@ -72,12 +80,14 @@ def saved_activation_bytes(model: torch.nn.Module, sample: torch.Tensor, dtype: 
 
 
 def estimate_training_memory(models: list[torch.nn.Module], sample: torch.Tensor, *, batch: int,
-                             micro_batch: int | None, dtype: str, data_bytes: int = 0) -> MemoryEstimate:
+                             micro_batch: int | None, dtype: str, data_bytes: int = 0,
+                             fused_attention: bool | None = None) -> MemoryEstimate:
     """models: the stack's (one architecture); sample: a few training images (B, C, H, W),
-    float, normalized; batch: images per model per step in this process."""
+    float, normalized; batch: images per model per step in this process; fused_attention:
+    the trainer's attention kernel (saved_activation_bytes)."""
     per_pass = min(batch, micro_batch) if micro_batch else batch
     probe_images = sample[: min(len(sample), 8)]
-    per_image = saved_activation_bytes(models[0], probe_images, dtype) / len(probe_images)
+    per_image = saved_activation_bytes(models[0], probe_images, dtype, fused_attention) / len(probe_images)
     model = models[0]
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())

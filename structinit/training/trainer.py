@@ -34,7 +34,7 @@ from structinit.training.common import (NonFiniteLossError, _decay_groups, autoc
 from structinit.training.common import compute_dtype as compute_dtype   # re-exported: stages/train.py
 from structinit.config import RandAugmentPolicy
 from structinit.training.config import TrainConfig
-from structinit.training.gradient_step import plan_gradient_step
+from structinit.training.gradient_step import _why_not_splittable, plan_gradient_step
 from structinit.training.memory import estimate_training_memory
 from structinit.distributed import DistributedContext, refuse_batchnorm
 from structinit.training.stacked import StackedModels, clip_grad_norm_per_model
@@ -202,8 +202,9 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
         way = "batched" if stack.batched is not None else "by vmap"
         print(f"training {len(models)} model(s) stacked ({way}) on {where} in {dtype}, "
               f"epochs {start + 1}-{cfg.epochs}: {how} per step, {attention}")
+        fused = next((m.fused_attn for m in stack.base.modules() if hasattr(m, "fused_attn")), None)
         _announce_memory(models, augmentation.normalize(train_x[:8]), batch_size // ctx.world_size,
-                         micro_batch, dtype, device, data_bytes=train_x.nbytes + test_x.nbytes)
+                         micro_batch, dtype, device, data_bytes=train_x.nbytes + test_x.nbytes, fused_attention=fused)
 
     # ---- the epochs: train, evaluate when due, log, checkpoint, report ----
     last_write = time.monotonic()
@@ -245,19 +246,20 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
 
 
 def _announce_memory(models, sample, batch: int, micro_batch: int | None, dtype: str, device: torch.device,
-                     data_bytes: int) -> None:
+                     data_bytes: int, fused_attention: bool | None = None) -> None:
     """Print the cell's memory estimate (memory.py) before it trains; on a GPU, say whether it
-    fits and which STRUCTINIT_MICRO_BATCH would."""
+    fits and which STRUCTINIT_MICRO_BATCH would (where micro-batches are the same step)."""
     estimate = estimate_training_memory(models, sample, batch=batch, micro_batch=micro_batch, dtype=dtype,
-                                        data_bytes=data_bytes)
+                                        data_bytes=data_bytes, fused_attention=fused_attention)
     line = estimate.describe()
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         line += f"; the GPU has {total / 2 ** 30:.1f} GiB"
         if estimate.total_bytes > 0.9 * total:
-            fit = estimate.micro_batch_to_fit(int(0.8 * total))
+            fit = None if _why_not_splittable(models[0]) else estimate.micro_batch_to_fit(int(0.8 * total))
             line += (f": it may not fit; try STRUCTINIT_MICRO_BATCH={fit} (the same step, in pieces)" if fit
-                     else ": it does not fit even one image per pass; stack fewer seeds (grid.seeds) or use more GPUs")
+                     else ": it may not fit, and micro-batches cannot help (one image per pass is too much, or the "
+                          "model has BatchNorm or dropout); stack fewer seeds (grid.seeds) or use more GPUs")
     print(line)
 
 
