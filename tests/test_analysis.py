@@ -198,3 +198,23 @@ def test_analyze_refuses_a_rebuild_that_is_not_the_trained_model(tmp_path):
         check_same_init(tmp_path / "init.json", {**record, "seed": 1, "offsets": [[(1, 1), (1, 0)]]})
     with pytest.raises(StructinitError, match="train the cell first"):
         check_same_init(tmp_path / "missing.json", record)
+
+
+def test_a_sharper_structured_init_puts_more_mass_on_its_offset_with_larger_qk_weights(digits):
+    """The regime study's premise, measured on the model: a larger target mass gives more mass on
+    each head's offset (on the pseudo-input, where it was solved, and on real images) and larger
+    W_q, W_k; qk_norm is each block's query and key slice of the fused qkv weight."""
+    from structinit.analysis.model import analyze_model, test_batch
+
+    images = test_batch(digits, 32)
+    found = {}
+    for mass in (0.15, 0.6):
+        model = small_vit()
+        offsets = si.initialize(model, "impulse", seed=0, kernel=3, target_mass=mass).offsets
+        found[mass] = a = analyze_model(model, images, offsets)
+        assert abs(a.target_pseudo.mean().item() - mass) < 0.05 * mass       # the solve's rtol is 3 %
+        q, k, _ = model.blocks[1].attn.qkv.weight.detach().view(3, 48, 48)     # independent restatement
+        assert torch.allclose(a.qk_norm[1], torch.stack([q.norm(), k.norm()]))
+        assert a.qk_norm.shape == (3, 2)
+    assert (found[0.6].qk_norm > found[0.15].qk_norm).all()
+    assert found[0.6].target_images.mean() > found[0.15].target_images.mean()

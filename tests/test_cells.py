@@ -83,3 +83,15 @@ def test_studies_are_the_schemas_study_sections():
     from structinit.pipeline.params import Studies
 
     assert tuple(Studies.model_fields) == cells.STUDIES
+
+
+def test_a_variant_is_found_in_grid_variants_or_the_regime_study_s_arms():
+    """The train and analyze stages rebuild a cell's model by its name: a grid.variants entry or
+    a regime-study arm (studies.regime.arms, the same form) gives its initializer and options."""
+    main = {"name": "mimetic_a05", "init": "mimetic", "options": {"alpha": 0.5}}
+    arm = {"name": "imp3_m30", "init": "impulse", "options": {"kernel": 3, "target_mass": 0.3}}
+    params = {"grid": {"variants": [main]}, "studies": {"regime": {"arms": [arm]}}}
+    assert cells.variant(params, "mimetic_a05") == main and cells.variant(params, "imp3_m30") == arm
+    assert cells.variant(params, "impulse3") is None
+    assert cells.variant({"grid": {"variants": []}}, "imp3_m30") is None      # no regime study: nothing
+    assert cells.variant({"grid": {}, "studies": {"regime": {"arms": None}}}, "imp3_m30") is None

@@ -8,7 +8,8 @@ the key at each relative offset (m, n): the translation-averaged attention map, 
 impulse head is one bright pixel at its offset), the mean attention distance, and the mass on
 the head's impulse offset when the model has one; each on the pseudo-input (what the structured
 init was solved on) and averaged over real images. It also keeps each block's token-mean
-output on the images, for CKA between models.
+output on the images, for CKA between models, and each block's Q and K weight norms (a sharper
+attention map at init comes from larger Q/K weights: the regime study sets them side by side).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class ModelAnalysis:
     target_images: torch.Tensor | None
     offsets: list | None              # offsets[l][h] = (m, n) of the structured init, else None
     representations: torch.Tensor     # (L, B, C) each block's output, mean over tokens
+    qk_norm: torch.Tensor | None = None   # (L, 2) Frobenius norms of W_q, W_k (None: analyses before it)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -69,4 +71,15 @@ def analyze_model(model, images: torch.Tensor, offsets: list | None = None,
         distance_pseudo=pseudo.mean_distance(), distance_images=real.mean_distance(),
         target_pseudo=pseudo.target_mass() if has_offsets else None,
         target_images=real.target_mass() if has_offsets else None,
-        offsets=pseudo.offsets, representations=torch.stack(reps))
+        offsets=pseudo.offsets, representations=torch.stack(reps), qk_norm=qk_weight_norms(model))
+
+
+def qk_weight_norms(model) -> torch.Tensor:
+    """(L, 2): the Frobenius norm of each block's query and key projection, W_q and W_k (timm's
+    fused qkv weight (3C, C) holds them as its first two C-row slices)."""
+    rows = []
+    for block in model.blocks:
+        w = block.attn.qkv.weight.detach().float()
+        c = w.shape[1]
+        rows.append(torch.stack([w[:c].norm(), w[c:2 * c].norm()]))
+    return torch.stack(rows).cpu()

@@ -67,7 +67,7 @@ def build_cell_model(cell: CellModel, params: dict, spec: DatasetSpec, seed: int
     from structinit.init import initialize
 
     method, kernel = parse_init(cell.init)
-    own = variant(params, cell.init)       # grid.variants: an initializer at other options
+    own = variant(params, cell.init)       # grid.variants or studies.regime.arms: an initializer at other options
     if own is not None:
         method, kernel = own["init"], own["options"].get("kernel")
     model_cfg = dict(params["recipes"][cell.dataset]["model"])

@@ -94,8 +94,11 @@ def main_inits(params: dict) -> list[str]:
 # ---- variants: an initializer at other options, a cell of its own ---------------------------
 
 def variant(params: dict, init: str) -> dict | None:
-    """grid.variants' entry named `init` ({"name", "init", "options"}), or None."""
-    return next((v for v in params["grid"].get("variants") or [] if v["name"] == init), None)
+    """The entry named `init` ({"name", "init", "options"}) of grid.variants or of the regime
+    study's arms (studies.regime.arms: the same form, cells of that study alone), or None.
+    check_params keeps the names of both lists apart."""
+    regime = ((params.get("studies") or {}).get("regime") or {}).get("arms") or []
+    return next((v for v in [*(params["grid"].get("variants") or []), *regime] if v["name"] == init), None)
 
 
 def check_variant(name: str, init: str, options: dict, kernel_free: list[str]) -> None:
