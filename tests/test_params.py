@@ -151,6 +151,20 @@ BAD = [
     ("even ConvMixer kernel", _set("convmixer_sizes.cm64d4k3.kernel_size", 4), ["convmixer_sizes.cm64d4k3.kernel_size = 4", "odd"]),
     ("unknown filter mode", _set("studies.convmixer.modes", ["learned", "gabor"]), ["studies.convmixer.modes[1] = 'gabor'", "'box'"]),
     ("unknown model shape", _set("studies.heads_width.shapes", ["h7"]), ["studies.heads_width.shapes[0] = 'h7'", "model_shapes"]),
+    ("regime own seed in grid", lambda p: (_set("studies.regime.shared_seeds", [0, 1])(p),
+                                           _set("studies.regime.own_seeds", [4, 5])(p)),
+     ["studies.regime.own_seeds", "[4] in grid.seeds"]),
+    ("regime shared seed not in grid", _set("studies.regime.shared_seeds", [0, 11]),
+     ["studies.regime.shared_seeds = [11]", "grid.seeds"]),
+    ("regime seed in both lists", _set("studies.regime.shared_seeds", [0, 5]), ["studies.regime", "[5] in both"]),
+    ("regime unknown arm in a contrast", _set("studies.regime.contrasts.primary", "imp3_m090 vs trunc_normal"),
+     ["studies.regime", "'imp3_m090'", "imp3_m030"]),
+    ("regime reused arm not in the grid", _set("studies.regime.reused", ["trunc_normal", "impulse3", "impulse7"]),
+     ["studies.regime.reused = ['impulse7']", "main grid's initializers"]),
+    ("regime dataset not in grid", _set("studies.regime.datasets", ["svhn"]), ["studies.regime.datasets", "grid.datasets"]),
+    ("regime arm without its kernel", _set("studies.regime.arms", [{"name": "imp_m5", "init": "impulse",
+                                                                     "options": {"target_mass": 0.5}}]),
+     ["studies.regime.arms", "options.kernel"]),
 ]
 
 

@@ -332,11 +332,46 @@ class DataSizeStudy(_Section):
     _inits = field_validator("inits")(_initializers)
 
 
+class RegimeContrasts(_Section):         # the regime study's planned, paired tests (reporting/stats.py)
+    alpha: Annotated[float, Field(gt=0, lt=1)] = 0.05
+    primary: Annotated[str, AfterValidator(_pair_text)]       # tested alone at alpha
+    secondary: list[Annotated[str, AfterValidator(_pair_text)]] = []   # Holm over these
+    speed: Optional[SpeedEndpoint] = None   # as contrasts.speed, on the study's arms
+
+
+class RegimeStudy(_Section):             # beyond the paper: the structured init at sharper target masses
+    datasets: list[Dataset] = []         # [] = off, the default (benchmarks/regime.py runs it in a copy)
+    reused: Annotated[list[str], Field(min_length=1)]   # main-grid arms: grid.seeds reused, own_seeds added
+    arms: Annotated[list[Variant], Field(min_length=1)]   # an initializer at other options, a cell each
+    shared_seeds: Seeds                  # a subset of grid.seeds: the reused arms' cells
+    own_seeds: Seeds                     # outside grid.seeds: trained by the study for every arm
+    contrasts: RegimeContrasts
+    _unique = field_validator("datasets", "reused", "shared_seeds", "own_seeds")(_unique)
+
+    @model_validator(mode="after")
+    def _arms(self):
+        names = self.reused + [a.name for a in self.arms]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"arm name(s) {twice} listed twice across reused and arms; each arm once")
+        pairs = [self.contrasts.primary, *self.contrasts.secondary] + (
+            [self.contrasts.speed.primary] if self.contrasts.speed else [])
+        for text in pairs:
+            unknown = [x for x in cells.parse_contrast(text) if x not in names]
+            if unknown:
+                raise ValueError(f"contrast {text!r}: {unknown} is not an arm of the study; arms: {names}")
+        both = sorted(set(self.shared_seeds) & set(self.own_seeds))
+        if both:
+            raise ValueError(f"seed(s) {both} in both shared_seeds and own_seeds: a seed is one pair")
+        return self
+
+
 class Studies(_Section):
     convmixer: ConvmixerStudy
     pseudo_input: PseudoInputStudy
     heads_width: HeadsWidthStudy
     data_size: DataSizeStudy
+    regime: Optional[RegimeStudy] = None    # off the default; None: a params.yaml from before it
 
 
 class ConvmixerSize(_Section):
@@ -489,6 +524,29 @@ def _cross_field_problems(p: Params, root: str | Path = ".") -> list[tuple[str, 
     out += _subset("studies.data_size.inits", s.data_size.inits, "the main grid's initializers", main_inits, why)
     out += _data_size_problems(p)
     out += _study_contrast_problems(p, kernel_free)
+    out += _regime_problems(p, main_inits)
+    return out
+
+
+def _regime_problems(p: Params, main_inits: list[str]) -> list[tuple[str, object, str]]:
+    """The regime study reuses the main grid's cells (its shared seeds, its reused arms) and adds
+    seeds of its own: they must be what the main grid has, and not."""
+    r, g = p.studies.regime, p.grid
+    if r is None:
+        return []
+    why = "the study reuses the main grid's cells for these"
+    out = _subset("studies.regime.datasets", r.datasets, "grid.datasets", g.datasets,
+                  "only grid.datasets are downloaded and prepared (add it there too)")
+    out += _subset("studies.regime.shared_seeds", r.shared_seeds, "grid.seeds", g.seeds, why)
+    out += _subset("studies.regime.reused", r.reused, "the main grid's initializers", main_inits, why)
+    inside = sorted(set(r.own_seeds) & set(g.seeds))
+    if inside:
+        out.append(("studies.regime.own_seeds", r.own_seeds, f"{inside} in grid.seeds: the study trains its "
+                    "own seeds for every arm, so they must be outside grid.seeds (its shared_seeds reuse those)"))
+    clash = sorted({a.name for a in r.arms} & set(main_inits))
+    if clash:
+        out.append(("studies.regime.arms", clash, "an arm's name is a main-grid initializer's or grid.variants' "
+                    "(it names the cell): choose another"))
     return out
 
 

@@ -1,0 +1,129 @@
+"""The regime study (beyond the paper; off the default): run its DVC stages in a copy of the
+repository, on top of the main grid's cells, and keep what it found.
+
+    python -m benchmarks.regime [--dataset digits] [--keep] [--out benchmarks/regime.md]
+
+Copies the working tree (code, params.yaml, dvc.lock) and the main grid's outputs (results/,
+models/, artifacts/, data/prepared/, reports/) into a temporary folder, so DVC finds the main
+grid up to date there; sets studies.regime.datasets to [dataset] in the copy's params.yaml and
+runs the real `dvc repro regime_report` (study_regime*, analyze_regime*, regime_report: the
+study's own cells only). Writes the report, headed by the commit and the machine it ran on, to
+--out, and keeps in benchmarks/regime/ each of the study's runs' small outputs (metrics, params,
+init record, test curve) and runs.csv (one row per arm and seed: every number the report
+shows), from which `--again` rebuilds nothing but reads back. Prints the report; its last line:
+`primary: <arm> - <arm> = <diff> points, 95 % CI [lo, hi], p = <p>`.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from benchmarks.replication import KEEP_FILES, copy_tree
+
+REPO = Path(__file__).resolve().parents[1]
+KEPT = Path("benchmarks/regime")
+OUTPUTS = ("results", "models", "artifacts", "data/prepared", "reports")   # the main grid, up to date
+
+
+def copy_repository(dest: Path) -> None:
+    """The working tree and the main grid's outputs: with dvc.lock, DVC sees every main-grid stage
+    up to date in the copy and runs the study's stages alone."""
+    copy_tree(dest)
+    for folder in OUTPUTS:
+        if (REPO / folder).exists():
+            shutil.copytree(REPO / folder, dest / folder, dirs_exist_ok=True)
+
+
+def keep_runs(results: Path, dest: Path) -> list[Path]:
+    """Each of the study's runs' small outputs (KEEP_FILES), results/studies/regime/<cell>/seed<s>/,
+    copied to dest (replaced); returns the kept run folders."""
+    shutil.rmtree(dest, ignore_errors=True)
+    kept = []
+    for metrics in sorted(results.glob("*/seed*/metrics.json")):
+        run = metrics.parent
+        for name in KEEP_FILES:
+            if (run / name).exists():
+                target = dest / run.relative_to(results) / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(run / name, target)
+        kept.append(dest / run.relative_to(results))
+    return kept
+
+
+def machine_line() -> str:
+    from structinit.numerics import numerics_record
+
+    n = numerics_record()
+    return f"CPU: {n['cpu']}, {n['threads']} threads"
+
+
+def primary_line(conclusions: dict) -> str:
+    c = next((c for c in conclusions["conclusions"] if c["role"] == "primary" and ", epoch" not in c["id"]), None)
+    if c is None:
+        return "primary: not tested"
+    return (f"primary: {c['a']} - {c['b']} = {c['diff']:+.2f} points, 95 % CI [{c['ci_low']:+.2f}, "
+            f"{c['ci_high']:+.2f}], p = {c['p_adjusted']:.3g}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", default="digits")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary copy (its path is printed)")
+    ap.add_argument("--out", default="benchmarks/regime.md", help="where the report is written")
+    a = ap.parse_args()
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    if a.dataset not in params["grid"]["datasets"]:
+        ap.error(f"--dataset {a.dataset}: the study reuses the main grid's cells; grid.datasets: "
+                 f"{params['grid']['datasets']}")
+    if not (REPO / "results/train").exists():
+        ap.error("no results/train here: run the main grid first (./run.sh repro), whose cells the study reuses")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                           capture_output=True, text=True).stdout.strip()
+    tmp = Path(tempfile.mkdtemp(prefix="structinit-regime-"))
+    try:
+        repo = tmp / "repo"
+        copy_repository(repo)
+        params["studies"]["regime"]["datasets"] = [a.dataset]
+        (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                   DVC_NO_ANALYTICS="1", STRUCTINIT_CKPT_DIR=str(repo / ".ckpt"),
+                   GIT_AUTHOR_NAME="regime", GIT_AUTHOR_EMAIL="regime@localhost",
+                   GIT_COMMITTER_NAME="regime", GIT_COMMITTER_EMAIL="regime@localhost")
+        # dvclive records the experiment's base commit, so the copy needs one
+        for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "regime study"],
+                    ["dvc", "repro", "regime_report"]):
+            subprocess.run(cmd, cwd=repo, env=env, check=True, stdout=subprocess.DEVNULL if cmd[0] == "git" else None)
+        report = (repo / f"reports/regime_{a.dataset}.md").read_text()
+        conclusions = json.loads((repo / f"reports/conclusions/regime_{a.dataset}.json").read_text())
+        keep_runs(repo / "results/studies/regime", REPO / KEPT / "results")
+        sys.path.insert(0, str(repo))
+        from structinit.reporting.regime_report import regime_runs
+
+        table = regime_runs(params, a.dataset, repo / "results/train", repo / "results/studies/regime",
+                            repo / "artifacts/analysis")
+        table["run"] = [str(Path(r).relative_to(repo)) for r in table.run]
+        (REPO / KEPT).mkdir(parents=True, exist_ok=True)
+        table.to_csv(REPO / KEPT / "runs.csv", index=False, float_format="%.6g")
+    finally:
+        if a.keep:
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    head = (f"<!-- written by `python -m benchmarks.regime --dataset {a.dataset}` at {commit}"
+            f"{' (with uncommitted changes)' if dirty else ''}; {machine_line()} -->\n\n")
+    text = head + report.replace("# Regime study", "## Regime study", 1).replace("\n## ", "\n### ")
+    Path(a.out).write_text(text)
+    print(text)
+    print(primary_line(conclusions))
+
+
+if __name__ == "__main__":
+    main()

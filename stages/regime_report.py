@@ -1,0 +1,33 @@
+"""regime_report@<dataset>: the regime study's table (beyond the paper), from its cells and the
+main grid's (structinit/reporting/regime_report.py).
+
+    python -m stages.regime_report --dataset digits --out reports/regime_digits.md
+
+Off the default (studies.regime.datasets: []); benchmarks/regime.py runs the study in a copy.
+"""
+import argparse
+from pathlib import Path
+
+from stages.common import load_params, run_stage, write_conclusions, write_text
+from structinit.reporting import stats
+from structinit.reporting.regime_report import regime_report
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--main", default="results/train", help="the main grid's cells (the reused seeds)")
+    ap.add_argument("--studies", default="results/studies/regime", help="the study's own cells")
+    ap.add_argument("--analysis", default="artifacts/analysis", help="every cell's attention analysis")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    params = load_params()
+    with stats.recording_conclusions() as conclusions:
+        text = regime_report(params, a.dataset, Path(a.main), Path(a.studies), Path(a.analysis))
+    write_text(a.out, text)
+    write_conclusions(a.out, stats.conclusions_record(Path(a.out).name, conclusions))
+    print(text)
+
+
+if __name__ == "__main__":
+    run_stage(main)

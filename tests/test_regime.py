@@ -1,0 +1,75 @@
+"""The regime study (beyond the paper; off the default): its one command runs its own cells on top
+of the main grid's, in a copy, and keeps what it found (benchmarks/regime.py)."""
+import csv
+import json
+import math
+import sys
+
+import yaml
+
+from tests.test_pipeline import set_params, sh, tiny_repo_copy
+from structinit.reporting.regime_report import arm_label, _solved_for
+
+REGIME_OFF = {f"studies.{s}.datasets": [] for s in ("convmixer", "pseudo_input", "heads_width", "data_size")}
+
+
+def test_the_default_keeps_the_regime_study_off_with_its_primary_fixed():
+    """Off the default (no stage of it runs in `dvc repro`); its primary fixed in params.yaml;
+    its sharper arm at ViT-T/2 on CIFAR's mass by the softness law (256 tokens, C 192, 3 heads)."""
+    from structinit.init.softness import official_target_mass
+
+    params = yaml.safe_load(open("params.yaml"))
+    r = params["studies"]["regime"]
+    assert r["datasets"] == [] and r["contrasts"]["primary"] == "imp3_m030 vs trunc_normal"
+    m030 = next(a for a in r["arms"] if a["name"] == "imp3_m030")["options"]["target_mass"]
+    assert abs(m030 - official_target_mass(256, 192, 3)) < 1e-4
+    assert set(r["shared_seeds"]) <= set(params["grid"]["seeds"]) and len(r["shared_seeds"] + r["own_seeds"]) == 10
+    assert arm_label(params, "imp3_m030") == "Imp.-3 at mass 0.2955"
+    assert arm_label(params, "trunc_normal") == "Trunc Normal"
+    assert _solved_for(params, "digits", "impulse3") == "0.107 (softness law)"
+    assert _solved_for(params, "digits", "trunc_normal") == "-"
+
+
+def test_the_regime_study_trains_only_its_own_cells_and_reports_mass_norms_and_contrasts(tmp_path):
+    repo = tiny_repo_copy(tmp_path)
+    arm = {"name": "imp3_m060", "init": "impulse", "options": {"kernel": 3, "target_mass": 0.6}}
+    set_params(repo, **REGIME_OFF, **{
+        "grid.kernels": [3], "grid.seeds": [0, 1], "recipes.digits.train.eval_every": 1,
+        "studies.regime.arms": [arm], "studies.regime.shared_seeds": [0, 1], "studies.regime.own_seeds": [2],
+        "studies.regime.contrasts": {"alpha": 0.05, "primary": "imp3_m060 vs trunc_normal",
+                                     "secondary": ["impulse3 vs trunc_normal"],
+                                     "speed": {"fraction": 0.125, "primary": "imp3_m060 vs trunc_normal"}}})
+    sh(repo, "git", "commit", "-qam", "regime")
+    sh(repo, "dvc", "repro", "aggregate", "analyze_baseline", "analyze_impulse")    # the main grid, analyzed
+    main_acc = json.loads((repo / "results/train/digits-trunc_normal/seed1/metrics.json").read_text())
+
+    out = sh(repo, sys.executable, "-m", "benchmarks.regime", "--out", "regime.md")
+    ran = [line.split("'")[1] for line in out.stdout.splitlines() if line.startswith("Running stage '")]
+    # the study's own cells alone: the reused arms' seed 2, the new arm's both seed lists; nothing of the main grid
+    assert sorted(s for s in ran if s.startswith("study_regime")) == [
+        "study_regime@digits-arm0-own", "study_regime@digits-arm0-shared",
+        "study_regime_reused@digits-impulse3", "study_regime_reused@digits-trunc_normal"]
+    assert not [s for s in ran if s.startswith(("train_", "analyze_baseline", "analyze_impulse", "preoptimize"))]
+    assert out.stdout.strip().splitlines()[-1].startswith("primary: imp3_m060 - trunc_normal = ")
+
+    rows = list(csv.DictReader(open(repo / "benchmarks/regime/runs.csv")))
+    assert [(r["arm"], int(r["seed"])) for r in rows] == [
+        (a, s) for a in ("trunc_normal", "impulse3", "imp3_m060") for s in (0, 1, 2)]
+    by = {(r["arm"], int(r["seed"])): r for r in rows}
+    # reused seeds are the main grid's runs, the others the study's own
+    assert by["trunc_normal", 1]["run"] == "results/train/digits-trunc_normal/seed1"
+    assert by["trunc_normal", 2]["run"] == "results/studies/regime/digits-trunc_normal-own/seed2"
+    assert abs(float(by["trunc_normal", 1]["acc"]) - 100 * main_acc["final_test_acc"]) < 1e-3   # 6 digits kept
+    for s in (0, 1, 2):
+        sharp, law = by["imp3_m060", s], by["impulse3", s]
+        assert abs(float(sharp["pseudo_at_init"]) - 0.6) < 0.05 * 0.6                # solved for 0.6
+        assert float(sharp["pseudo_at_init"]) > 2 * float(law["pseudo_at_init"])     # the law's is smaller
+        assert float(sharp["images_at_init"]) > float(law["images_at_init"])
+        assert float(sharp["wq_at_init"]) > float(law["wq_at_init"])                # sharper needs larger W_q
+        assert math.isnan(float(by["trunc_normal", s]["pseudo_at_init"]))          # no offsets, no mass
+    assert (repo / "benchmarks/regime/results/digits-imp3_m060-own/seed2/metrics.json").exists()
+
+    text = (repo / "regime.md").read_text()
+    assert "## Regime study on digits" in text and "### In one line" in text
+    assert "Imp.-3 at mass 0.6 − Trunc Normal" in text and "n = 3 paired" in text
+    assert "Detectable with this design" in text and "test acc at epoch 1" in text
