@@ -266,9 +266,10 @@ def test_analysis_images_span_every_class_through_the_eval_transform(ilsvrc):
     assert -1.01 <= x.min() and x.max() <= 1.01                # mean = std = 0.5: [-1, 1]
 
 
-def test_micro_batches_take_the_same_step_in_less_memory(ilsvrc):
+def test_micro_batches_take_the_same_step_in_less_memory(ilsvrc, capsys):
     """A process's share of the batch in pieces of 3 images, gradients accumulated: the same
-    training as all 8 at once, to float noise."""
+    training as all 8 at once, to float noise; each run prints its memory estimate first, for
+    the images it has in flight."""
     from structinit.training.streamed import train_streamed
 
     m = scan_imagenet(ilsvrc, num_classes=4)
@@ -281,6 +282,8 @@ def test_micro_batches_take_the_same_step_in_less_memory(ilsvrc):
         train, test = imagenet_datasets(ilsvrc, m, cfg, cfg.seed)
         history = train_streamed(model, train, test, cfg, workers=0, micro_batch=micro, progress=False)
         runs.append((model.state_dict(), history))
+        estimate = [line for line in capsys.readouterr().out.splitlines() if line.startswith("memory estimate")]
+        assert len(estimate) == 1 and f"(1 model(s) x {micro or 8} images per pass)" in estimate[0], estimate
     (whole, h1), (pieces, h2) = runs
     for k, w in whole.items():
         torch.testing.assert_close(pieces[k], w, rtol=0, atol=1e-6, msg=k)

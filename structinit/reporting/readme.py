@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 BLOCK = re.compile(r"(<!-- include: (?P<path>[^ ]+) -->\n)(?P<body>.*?)(<!-- end include -->)", re.S)
-PAGES = ("README.md", "docs/pipeline.md", "docs/reports.md", "docs/studies.md")
+PAGES = ("README.md", "docs/pipeline.md", "docs/reports.md", "docs/studies.md", "docs/reproducibility.md")
 
 
 def includes(text: str) -> list[tuple[str, str]]:

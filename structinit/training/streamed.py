@@ -38,6 +38,17 @@ from structinit.distributed import DistributedContext, refuse_batchnorm
 from structinit.training.steps import steps_per_epoch
 
 
+def _announce_memory(model, test_set, batch: int, micro_batch: int | None, dtype: str, device) -> None:
+    """The memory estimate the on-device trainer prints before a cell trains (and on a GPU
+    whether it fits), for this process's share of the batch; no data term (the images stream
+    from disk). Probed on test images: their transform is deterministic (no RNG drawn), and the
+    evaluation crop has the training crop's size."""
+    from structinit.training.trainer import _announce_memory as announce
+
+    sample = torch.stack([test_set[i][0] for i in range(min(8, len(test_set)))])
+    announce([model], sample, batch, micro_batch, dtype, device, data_bytes=0)
+
+
 def default_workers() -> int:
     """DataLoader workers per process: the machine's cores shared by its processes, at most 10
     (the official command's -j 10)."""
@@ -90,6 +101,8 @@ def train_streamed(model: torch.nn.Module, train_set: SeededAugmentation, test_s
     ddp = (torch.nn.parallel.DistributedDataParallel(model,
                                                      device_ids=[device.index] if device.type == "cuda" else None)
            if ctx.enabled else model)
+    if ctx.is_main and len(history) < cfg.epochs:
+        _announce_memory(model, test_set, cfg.batch_size // ctx.world_size, micro_batch, dtype, device)
     mixup = _mixup(cfg, num_classes, ctx)
     soft_target_loss = SoftTargetCrossEntropy()
     for epoch in range(len(history), cfg.epochs):
