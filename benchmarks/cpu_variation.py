@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def paired_runs(repo: Path, epochs_csv: Path, dataset: str, epochs: int) -> pd.DataFrame:
     """One row per (init, seed) run on both CPUs at `epochs`: other (the epoch benchmark's
-    final test accuracy, %), here (the committed run's, %), their CPUs."""
+    final test accuracy, %, on a CPU other than the committed run's), here (the committed
+    run's, %), their CPUs. ValueError when the file holds one (init, seed) twice on other CPUs."""
     d = pd.read_csv(epochs_csv)
     d = d[(d.dataset == dataset) & (d.budget == epochs) & (d.epoch == epochs)]
     rows = []
@@ -40,13 +41,22 @@ def paired_runs(repo: Path, epochs_csv: Path, dataset: str, epochs: int) -> pd.D
         run = repo / "results/train" / f"{dataset}-{r.init}" / f"seed{r.seed}"
         if not (run / "metrics.json").exists():
             continue
-        here = 100 * json.loads((run / "metrics.json").read_text())["final_test_acc"]
         logged = yaml.safe_load((run / "params.yaml").read_text())
+        if str(r.cpu).split(",")[0] == str(logged.get("cpu", "?")):
+            continue                                       # the same CPU: not a move between CPUs
+        here = 100 * json.loads((run / "metrics.json").read_text())["final_test_acc"]
         rows.append({"init": r.init, "seed": int(r.seed), "other": float(r.test_acc), "here": here,
                      "other_cpu": r.cpu,
                      "here_cpu": f"{logged.get('cpu', '?')}, {logged.get('cpu_threads', '?')} threads",
                      "here_dtype": logged.get("compute_dtype", "?")})
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    if not out.empty and (twice := out[out.duplicated(["init", "seed"], keep=False)]).size:
+        raise ValueError(f"{epochs_csv}: {sorted(set(zip(twice.init, twice.seed)))} ran twice at {epochs} epochs on "
+                         f"other CPUs ({sorted(set(twice.other_cpu))}); keep one run per initializer and seed")
+    if not out.empty and out.other_cpu.nunique() > 1:
+        raise ValueError(f"{epochs_csv}: runs at {epochs} epochs on several other CPUs {sorted(set(out.other_cpu))}; "
+                         "this table compares one other CPU with the committed run's")
+    return out
 
 
 def cpu_variation(repo: Path, epochs_csv: Path, dataset: str = "digits") -> str:
@@ -66,8 +76,11 @@ def cpu_variation(repo: Path, epochs_csv: Path, dataset: str = "digits") -> str:
                       f"{mean_images:+.1f}", "yes" if abs(mean_images) > TOLERANCE_TEST_IMAGES else "no"])
     # the spread a CPU adds, against the spread between two seeds of one arm on one CPU
     sd_cpu = float(runs.move.std(ddof=1))
-    seed_gaps = [a - b for _, g in runs.groupby("init") for i, a in enumerate(g.here) for b in list(g.here)[i + 1:]]
-    sd_seed = float(np.std(seed_gaps, ddof=1))
+    # pooled within-arm SD over seeds (each arm's own mean removed), times sqrt 2: the SD of the
+    # difference between two seeds of one arm
+    within = [g.here.var(ddof=1) for _, g in runs.groupby("init") if len(g) > 1]
+    sd_seed = float(np.sqrt(np.mean(within) * 2)) if within else float("nan")
+    seed_pairs = sum(len(g) * (len(g) - 1) // 2 for _, g in runs.groupby("init"))
     # the primary contrast on the shared seeds, on each CPU
     primary = params["contrasts"]["primary"].replace("ours", f"impulse{params['init']['kernel']}")
     a, b = (x.strip() for x in primary.split(" vs "))
@@ -92,7 +105,8 @@ def cpu_variation(repo: Path, epochs_csv: Path, dataset: str = "digits") -> str:
             + f"\n\n{len(runs)} runs: the SD of a run's move between CPUs is {sd_cpu:.2f} points "
             f"({sd_cpu / 2 ** 0.5:.2f} per CPU, if each adds its own noise alike); two seeds of one arm on one "
             "CPU differ with an SD of "
-            f"{sd_seed:.2f} points ({sd_seed / 2 ** 0.5:.2f} per seed; {len(seed_gaps)} pairs). {beyond} of "
+            f"{sd_seed:.2f} points ({sd_seed / 2 ** 0.5:.2f} per seed, the SD pooled over arms; {seed_pairs} "
+            f"pairs). {beyond} of "
             f"{len(cells)} cells moved beyond verify's tolerance. The primary contrast on these seeds, on each CPU:\n\n"
             + "\n".join(lines)
             + ("\n\nThe primary contrast changed sign between the two CPUs." if diffs[0] * diffs[1] < 0 else "")

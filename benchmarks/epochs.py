@@ -35,9 +35,12 @@ from structinit.numerics import cpu_model
 from structinit.pipeline.build import build_model
 from structinit.pipeline.cells import main_cell, parse_init
 from structinit.reporting.budget import budget_finals, converged_budget, doubling_moves
+from structinit.reporting import stats
 from structinit.reporting.presentation import init_label
+from structinit.training.common import compute_dtype, default_device
 
 ARMS = ["kaiming_uniform", "trunc_normal", "mimetic", "mimetic_qk", "impulse3", "impulse5"]
+STACKINGS = ("cell", "all")
 
 
 def budget_config(train: dict, epochs: int, warmup_prefix: bool) -> dict:
@@ -47,20 +50,47 @@ def budget_config(train: dict, epochs: int, warmup_prefix: bool) -> dict:
 
 
 def run_budget(data, rec: dict, arms: list[str], seeds: list[int], epochs: int, warmup_prefix: bool,
-               cpu: str = "") -> pd.DataFrame:
-    """Every (arm, seed) at one budget, stacked: one row per evaluated epoch, each naming the
-    machine it ran on (`cpu`), since budgets added later may run on another CPU."""
-    pairs = [(arm, seed) for arm in arms for seed in seeds]
-    models = []
-    for arm, seed in pairs:
-        models.append(build_model(rec["model"], data.spec))
-        method, kernel = parse_init(arm)
-        initialize(models[-1], method, seed=seed, **({"kernel": kernel} if kernel else {}))
+               cpu: str = "", stacking: str = "cell") -> pd.DataFrame:
+    """Every (arm, seed) at one budget: one row per evaluated epoch, each naming the machine it
+    ran on (`cpu`, since budgets added later may run on another CPU), the dtype it computed in
+    and how it was stacked. stacking "cell": each arm's seeds trained stacked together, one run
+    per arm, as the pipeline's cells are (its stacked models run the same batched kernels);
+    "all": every arm and seed in one run (how budgets 40-160 were first run: 18 models)."""
+    if stacking not in STACKINGS:
+        raise ValueError(f"stacking={stacking!r}; choose one of {STACKINGS}")
     train = budget_config(rec["train"], epochs, warmup_prefix)
-    hists = train_models(models, data, [TrainConfig(**train, seed=seed) for _, seed in pairs], progress=False)
-    return pd.DataFrame([{"dataset": "digits", "init": arm, "budget": epochs, "seed": seed, "epoch": h["epoch"],
-                          "test_acc": round(100 * h["test_acc"], 3), "cpu": cpu}
-                         for (arm, seed), hist in zip(pairs, hists) for h in hist if "test_acc" in h])
+    groups = ([[(arm, seed) for seed in seeds] for arm in arms] if stacking == "cell"
+              else [[(arm, seed) for arm in arms for seed in seeds]])
+    rows = []
+    for pairs in groups:
+        models = []
+        for arm, seed in pairs:
+            models.append(build_model(rec["model"], data.spec))
+            method, kernel = parse_init(arm)
+            initialize(models[-1], method, seed=seed, **({"kernel": kernel} if kernel else {}))
+        cfgs = [TrainConfig(**train, seed=seed) for _, seed in pairs]
+        dtype = compute_dtype(cfgs[0], default_device(), models[0])
+        hists = train_models(models, data, cfgs, progress=False)
+        rows += [{"dataset": "digits", "init": arm, "budget": epochs, "seed": seed, "epoch": h["epoch"],
+                  "test_acc": round(100 * h["test_acc"], 3), "cpu": cpu, "dtype": dtype, "stacking": stacking}
+                 for (arm, seed), hist in zip(pairs, hists) for h in hist if "test_acc" in h]
+    return pd.DataFrame(rows)
+
+
+def primary_by_budget(final: pd.DataFrame, a: str, b: str) -> list[list]:
+    """The primary contrast a - b at each budget, paired by seed (mean, 95 % interval), and its
+    move from the budget before: whether the budget changes the answer, not only each arm."""
+    rows, before = [], None
+    for budget in sorted(final.budget.unique()):
+        at = final[final.budget == budget]
+        ga, gb = (dict(zip(at[at.init == x].seed, at[at.init == x].test_acc)) for x in (a, b))
+        if not ga or not gb:
+            continue
+        d = stats.paired_difference(ga, gb)
+        rows.append([f"{budget}", f"{d.diff:+.2f} [{d.ci_low:+.2f}, {d.ci_high:+.2f}]",
+                     "" if before is None else f"{d.diff - before:+.2f}"])
+        before = d.diff
+    return rows
 
 
 def doubling_table(final: pd.DataFrame, tolerance: float) -> list[list]:
@@ -74,16 +104,20 @@ def doubling_table(final: pd.DataFrame, tolerance: float) -> list[list]:
 
 
 def machines(curves: pd.DataFrame, cpu: str) -> str:
-    """Where each budget ran: `cpu` when the file does not say (or every budget ran there),
-    else "budgets 40, 80: <cpu A>; 320: <cpu B>" (another CPU runs other kernels, so its bytes
-    differ; a doubling across machines compares across that too)."""
+    """Where and how each budget ran: `cpu` when the file does not say (or every budget ran
+    alike), else "budgets 40, 80: <cpu A>, stacking all; 320: <cpu B>, bf16, stacking cell"
+    (another CPU runs other kernels, and another stacking other batched shapes, so their bytes
+    differ; a doubling across them compares across that too)."""
     if "cpu" not in curves or curves.cpu.isna().all():
         return cpu
-    by_cpu = curves.groupby("cpu", sort=False).budget.unique()
-    if len(by_cpu) == 1:
-        return str(by_cpu.index[0])
-    return "; ".join(f"budget{'s' if len(b) > 1 else ''} {', '.join(str(int(x)) for x in sorted(b))}: {c}"
-                     for c, b in by_cpu.items())
+    c = curves.assign(**{k: curves[k].fillna("") if k in curves else "" for k in ("dtype", "stacking")})
+    c["where"] = [", ".join(x for x in (str(w), str(d), f"stacking {st}" if st else "") if x)
+                  for w, d, st in zip(c.cpu, c.dtype, c.stacking)]
+    by = c.groupby("where", sort=False).budget.unique()
+    if len(by) == 1:
+        return str(by.index[0])
+    return "; ".join(f"budget{'s' if len(b) > 1 else ''} {', '.join(str(int(x)) for x in sorted(b))}: {w}"
+                     for w, b in by.items())
 
 
 def pipeline_check(curves: pd.DataFrame, cells: Path, tolerance: float) -> str:
@@ -118,7 +152,7 @@ def pipeline_check(curves: pd.DataFrame, cells: Path, tolerance: float) -> str:
 
 
 def report(curves: pd.DataFrame, tolerance: float, seeds: list[int], warmup_prefix: bool, cpu: str,
-           pipeline: str = "") -> str:
+           pipeline: str = "", primary: tuple[str, str] | None = None) -> str:
     final = budget_finals(curves)
     budgets = sorted(final.budget.unique())
     arms = list(dict.fromkeys(curves.init))         # the order they ran in
@@ -138,13 +172,19 @@ def report(curves: pd.DataFrame, tolerance: float, seeds: list[int], warmup_pref
     during = tabulate([[init_label(i)] + [f"{longest[(longest.init == i) & (longest.epoch == e)].test_acc.mean():.1f}"
                                           for e in epochs] for i in arms],
                       headers=["init"] + [str(e) for e in epochs], tablefmt="github")
+    contrast = ""
+    if primary and (rows_p := primary_by_budget(final, *primary)):
+        contrast = (f"\nThe primary contrast, {init_label(primary[0])} − {init_label(primary[1])}, paired by seed "
+                    "(mean, 95 % interval; its move from the budget before):\n\n"
+                    + tabulate(rows_p, headers=["budget", "difference (points)", "move"], tablefmt="github") + "\n")
     verdict = (f"**Converged budget: {chosen} epochs** (the smallest budget whose double moves no arm's "
                f"mean by more than {tolerance:g} point)." if chosen is not None else
                f"**No budget here is converged** by the criterion (no doubling within {tolerance:g} point).")
     return (f"#### Epoch budget on digits (`python -m benchmarks.epochs`)\n\n"
             f"Final-epoch test accuracy (%), mean ± std over seeds {seeds} (n = {len(seeds)}); each budget a "
             f"complete run (warm-up 5 % of it, cosine to its end, warmup_prefix {warmup_prefix}); "
-            f"{machines(curves, cpu)}.\n\n{table}\n\nDoubling the budget:\n\n{moves}\n\n{verdict}\n{pipeline}\n"
+            f"{machines(curves, cpu)}.\n\n{table}\n\nDoubling the budget:\n\n{moves}\n\n{verdict}\n"
+            f"{contrast}{pipeline}\n"
             f"Test accuracy during the {budgets[-1]}-epoch runs (mean over seeds):\n\n{during}\n")
 
 
@@ -160,22 +200,28 @@ def main():
                     help="keep <out>.csv's other budgets (same seeds) and add or replace these")
     ap.add_argument("--report-only", action="store_true",
                     help="train nothing: rewrite <out>.md from <out>.csv (this machine's CPU named)")
+    ap.add_argument("--stacking", choices=STACKINGS, default="cell",
+                    help="cell: each arm's seeds stacked together, as the pipeline's cells (default); "
+                         "all: every arm and seed in one run")
     ap.add_argument("--cells", type=Path, default=Path("results/train"),
                     help="the pipeline's main-grid cells: their budget against its double here, "
                          "when both ran (see pipeline_check)")
     a = ap.parse_args()
     here = f"{cpu_model()}, {torch.get_num_threads()} threads"
+    with open("params.yaml") as f:
+        params = yaml.safe_load(f)
+    primary = tuple(x.strip().replace("ours", f"impulse{params['init']['kernel']}")
+                    for x in params["contrasts"]["primary"].split(" vs "))
     if a.report_only:
         curves = pd.read_csv(f"{a.out}.csv")
         text = report(curves, a.tolerance, sorted(curves.seed.unique().tolist()), a.warmup_prefix, here,
-                      pipeline_check(curves, a.cells, a.tolerance))
+                      pipeline_check(curves, a.cells, a.tolerance), primary)
         Path(f"{a.out}.md").write_text(text)
         print(text)
         return
     if len(a.seeds) < 3:
         ap.error(f"--seeds {a.seeds}: the criterion needs at least 3 seeds")
-    with open("params.yaml") as f:
-        rec = yaml.safe_load(f)["recipes"]["digits"]
+    rec = params["recipes"]["digits"]
     data = prepare_dataset("digits")
     frames = []
     if a.add and Path(f"{a.out}.csv").exists():
@@ -190,7 +236,7 @@ def main():
         frames.append(kept)
     for b in sorted(a.budgets):
         t0 = time.perf_counter()
-        frames.append(run_budget(data, rec, a.inits, a.seeds, b, a.warmup_prefix, here))
+        frames.append(run_budget(data, rec, a.inits, a.seeds, b, a.warmup_prefix, here, a.stacking))
         final = budget_finals(frames[-1])
         print(f"{b} epochs ({time.perf_counter() - t0:.0f} s): " + ", ".join(
             f"{init_label(i)} {g.test_acc.mean():.2f}" for i, g in final.groupby("init", sort=False)), flush=True)
@@ -198,7 +244,8 @@ def main():
         pd.concat(frames, ignore_index=True).to_csv(f"{a.out}.partial.csv", index=False)
     curves = pd.concat(frames, ignore_index=True)
     curves = curves.sort_values("budget", kind="stable").reset_index(drop=True)
-    text = report(curves, a.tolerance, a.seeds, a.warmup_prefix, here, pipeline_check(curves, a.cells, a.tolerance))
+    text = report(curves, a.tolerance, a.seeds, a.warmup_prefix, here, pipeline_check(curves, a.cells, a.tolerance),
+                  primary)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     curves.to_csv(f"{a.out}.csv", index=False)
     Path(f"{a.out}.md").write_text(text)

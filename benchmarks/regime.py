@@ -5,17 +5,21 @@ repository, on top of the main grid's cells, and keep what it found.
 
 Copies the working tree (code, params.yaml, dvc.lock) and the main grid's outputs (results/,
 models/, artifacts/, data/prepared/, reports/) into a temporary folder, so DVC finds the main
-grid up to date there; sets studies.regime.datasets to [dataset] in the copy's params.yaml and
-runs the real `dvc repro regime_report` (study_regime*, analyze_regime*, regime_report: the
-study's own cells only). Writes the report, headed by the commit and the machine it ran on, to
---out, and keeps in benchmarks/regime/ each of the study's runs' small outputs (metrics, params,
-init record, test curve) and runs.csv (one row per arm and seed: every number the report
-shows), from which `--again` rebuilds nothing but reads back. Prints the report; its last line:
+grid up to date there (`--allow-missing`: the copy has no DVC cache, and an output missing
+from the cache alone is no reason to re-run); sets studies.regime.datasets to [dataset] in the
+copy's params.yaml; asks DVC (--dry) what `dvc repro regime_report` would run and refuses,
+naming them, when that is more than the study's own stages (the main grid here is not up to
+date with this code: `./run.sh repro` first); then runs it (study_regime*, analyze_regime*,
+regime_report). Writes the report to --out, headed by the commit it ran at, the commit that
+fixed its primary contrast in params.yaml and the machine, and keeps in benchmarks/regime/ each
+of the study's runs' small outputs (metrics, params, init record, test curve) and runs.csv (one
+row per arm and seed: every number the report shows). Prints the report; its last line:
 `primary: <arm> - <arm> = <diff> points, 95 % CI [lo, hi], p = <p>`.
 """
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +32,8 @@ from benchmarks.replication import KEEP_FILES, copy_tree
 
 REPO = Path(__file__).resolve().parents[1]
 KEPT = Path("benchmarks/regime")
+STAGE = re.compile(r"Running stage '([^']+)'")
+OWN_STAGES = ("check_params", "study_regime", "analyze_regime", "regime_report")   # check_params: params.yaml changed
 OUTPUTS = ("results", "models", "artifacts", "data/prepared", "reports")   # the main grid, up to date
 
 
@@ -54,6 +60,15 @@ def keep_runs(results: Path, dest: Path) -> list[Path]:
                 shutil.copy2(run / name, target)
         kept.append(dest / run.relative_to(results))
     return kept
+
+
+def fixed_at(params: dict) -> str:
+    """Since which commit params.yaml has held this primary contrast (git's record, so that
+    "fixed before the results" is checked, not asserted)."""
+    line = f"primary: {params['studies']['regime']['contrasts']['primary']}"
+    found = subprocess.run(["git", "log", "--reverse", "--format=%h %cs", "-S", line, "--", "params.yaml"],
+                           cwd=REPO, capture_output=True, text=True).stdout.split("\n")[0].strip()
+    return f"fixed in params.yaml since commit {found}" if found else "not yet in a commit of params.yaml"
 
 
 def machine_line() -> str:
@@ -98,9 +113,17 @@ def main():
                    GIT_AUTHOR_NAME="regime", GIT_AUTHOR_EMAIL="regime@localhost",
                    GIT_COMMITTER_NAME="regime", GIT_COMMITTER_EMAIL="regime@localhost")
         # dvclive records the experiment's base commit, so the copy needs one
-        for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "regime study"],
-                    ["dvc", "repro", "regime_report"]):
-            subprocess.run(cmd, cwd=repo, env=env, check=True, stdout=subprocess.DEVNULL if cmd[0] == "git" else None)
+        for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "regime study"]):
+            subprocess.run(cmd, cwd=repo, env=env, check=True, stdout=subprocess.DEVNULL)
+        plan = subprocess.run(["dvc", "repro", "--dry", "--allow-missing", "regime_report"], cwd=repo, env=env,
+                              capture_output=True, text=True)
+        if plan.returncode:
+            sys.exit(f"dvc repro --dry regime_report failed in the copy:\n{plan.stdout[-2000:]}{plan.stderr[-2000:]}")
+        other = [s for s in STAGE.findall(plan.stdout) if not s.startswith(OWN_STAGES)]
+        if other:
+            sys.exit(f"the regime study reuses the main grid's cells, but here DVC would first run {other}: "
+                     "the main grid is not up to date with this code; run it first (./run.sh repro)")
+        subprocess.run(["dvc", "repro", "--allow-missing", "regime_report"], cwd=repo, env=env, check=True)
         report = (repo / f"reports/regime_{a.dataset}.md").read_text()
         conclusions = json.loads((repo / f"reports/conclusions/regime_{a.dataset}.json").read_text())
         keep_runs(repo / "results/studies/regime", REPO / KEPT / "results")
@@ -109,7 +132,10 @@ def main():
 
         table = regime_runs(params, a.dataset, repo / "results/train", repo / "results/studies/regime",
                             repo / "artifacts/analysis")
-        table["run"] = [str(Path(r).relative_to(repo)) for r in table.run]
+        # where each run's small outputs are now: the main grid's in results/train, the study's kept here
+        table["run"] = [str(KEPT / "results" / Path(r).relative_to(repo / "results/studies/regime"))
+                        if Path(r).is_relative_to(repo / "results/studies/regime") else str(Path(r).relative_to(repo))
+                        for r in table.run]
         (REPO / KEPT).mkdir(parents=True, exist_ok=True)
         table.to_csv(REPO / KEPT / "runs.csv", index=False, float_format="%.6g")
     finally:
@@ -118,7 +144,9 @@ def main():
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     head = (f"<!-- written by `python -m benchmarks.regime --dataset {a.dataset}` at {commit}"
-            f"{' (with uncommitted changes)' if dirty else ''}; {machine_line()} -->\n\n")
+            f"{' (with uncommitted changes)' if dirty else ''}; {machine_line()} -->\n\n"
+            f"Run at commit {commit}{' with uncommitted changes' if dirty else ''}; its primary contrast, "
+            f"`{params['studies']['regime']['contrasts']['primary']}`, {fixed_at(params)}; {machine_line()}.\n\n")
     text = head + report.replace("# Regime study", "## Regime study", 1).replace("\n## ", "\n### ")
     Path(a.out).write_text(text)
     print(text)

@@ -22,7 +22,7 @@ from structinit.data.tensors import ImageData
 from structinit.errors import StructinitError
 from structinit.io import MissingFileError, load_torch, save_checked, without_timings
 from structinit.pipeline.build import CellModel, build_cell_model
-from structinit.pipeline.cells import IMPULSE, main_cell, main_stage, parse_init, run_name, seed_dir
+from structinit.pipeline.cells import main_cell, main_stage, parse_init, run_name, seed_dir
 
 
 def parse_args():
@@ -32,7 +32,9 @@ def parse_args():
     ap.add_argument("--seeds-from", required=True, metavar="KEY", help="e.g. grid.seeds")
     ap.add_argument("--data", required=True, help="prepared dataset (download stage)")
     ap.add_argument("--models", required=True, help="the training stage's folder of seed<s>.pt")
-    ap.add_argument("--solutions", help="impulse<k>: its preoptimize folder (seed<s>.pt)")
+    ap.add_argument("--solutions", help="impulse<k>: its preoptimize folder (seed<s>.pt), when the cell was trained "
+                                        "from one; else the solve runs here, as the training stage's did (the "
+                                        "rebuild is checked against its init.json either way)")
     ap.add_argument("--init-records", required=True,
                     help="the training stage's results folder: each seed's init.json must match the rebuild")
     ap.add_argument("--images", type=int, default=512, help="first N test images (default 512)")
@@ -43,8 +45,6 @@ def parse_args():
         method, kernel = parse_init(a.init)
     except ValueError as e:
         ap.error(f"--init: {e}")
-    if method == IMPULSE and not a.solutions:
-        ap.error(f"--init {a.init}: give --solutions, the preoptimize artifacts the cell was trained from")
     if a.images < 2:
         ap.error(f"--images {a.images}: need at least 2 test images")
     return a, method, kernel
@@ -78,14 +78,17 @@ def main(load_images=on_device_images):
     spec, images = load_images(a, params)
     images = images.to(device)
     cell = CellModel(dataset=a.dataset, init=a.init, solutions=a.solutions)
+    # a main-grid cell's training stage has a known address; a study's cells name their folder
+    main_grid_cell = Path(a.models) == Path("models") / main_cell(a.dataset, a.init)
+    again = (f"dvc repro -f {main_stage('train', a.dataset, a.init, params)}" if main_grid_cell
+             else f"the stage that writes {a.models}")
     for seed in seeds:
         model, record = build_cell_model(cell, params, spec, seed)
         check_same_init(seed_dir(a.init_records, seed) / "init.json", record)
         model.to(device)
         at_init = analyze_model(model, images, offsets=record["offsets"])
         weights = seed_dir(a.models, seed).with_suffix(".pt")
-        model.load_state_dict(load_torch(weights, "trained weights: re-create them with dvc repro "
-                                                  f"-f {main_stage('train', a.dataset, a.init, params)}",
+        model.load_state_dict(load_torch(weights, f"trained weights: re-create them with {again}",
                                          map_location=device))
         trained = analyze_model(model, images, offsets=record["offsets"])
         to_cpu = lambda m: {k: v.cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731

@@ -113,3 +113,50 @@ def test_pipeline_cells_checked_against_the_benchmarks_double(tmp_path):
     assert "largest Trunc Normal +0.80: within 1 point" in text
     assert "NOT within 0.5 point" in pipeline_check(c, tmp_path, 0.5)
     assert "Trunc Normal +0.80" in report(c, 1.0, [0, 1, 2], False, "x", pipeline_check(c, tmp_path, 1.0))
+
+
+def test_the_primary_contrast_at_each_budget_and_its_move():
+    from benchmarks.epochs import primary_by_budget
+
+    rows = primary_by_budget(budget_finals(curves()), "impulse3", "trunc_normal")
+    # impulse3 - trunc_normal: +40.0 at 40, +7.0 at 80, +1.0 at 160, +0.8 at 320 (seeds share their offsets)
+    assert [(r[0], r[1].split(" ")[0], r[2]) for r in rows] == [
+        ("40", "+40.00", ""), ("80", "+7.00", "-33.00"), ("160", "+1.00", "-6.00"), ("320", "+0.80", "-0.20")]
+    text = report(curves(), 1.0, [0, 1, 2], False, "this CPU", primary=("impulse3", "trunc_normal"))
+    assert "The primary contrast, Imp.-3 − Trunc Normal" in text and "+0.80 [+0.80, +0.80] | -0.20" in text
+
+
+def test_where_and_how_each_budget_ran_is_named():
+    from benchmarks.epochs import machines
+
+    c = curves()
+    c["cpu"] = ["Intel" if b < 320 else "AMD" for b in c.budget]
+    assert machines(c, "here") == "budgets 40, 80, 160: Intel; budget 320: AMD"       # nothing more recorded
+    c["dtype"] = ["" if b < 320 else "bf16" for b in c.budget]
+    c["stacking"] = ["all" if b < 320 else "cell" for b in c.budget]
+    assert machines(c, "here") == "budgets 40, 80, 160: Intel, stacking all; budget 320: AMD, bf16, stacking cell"
+
+
+def test_a_budget_runs_each_arm_s_seeds_stacked_as_the_pipeline_s_cells(digits):
+    """stacking "cell" trains one stacked run per arm (the pipeline's batched shapes), "all" one run
+    of every arm and seed; rows name the dtype and the stacking. One tiny epoch on the digits."""
+    from benchmarks.epochs import run_budget
+
+    rec = {"model": {"patch_size": 2, "embed_dim": 16, "depth": 1, "num_heads": 2},
+           "train": {"batch_size": 64, "lr": 1e-3, "weight_decay": 0.01, "adam_eps": 1e-3, "grad_clip": 3.0,
+                     "label_smoothing": 0.1, "randaugment": None, "hflip": False, "amp": "off"}}
+    calls = []
+    import benchmarks.epochs as bench
+
+    real = bench.train_models
+    bench.train_models = lambda models, *a, **k: calls.append(len(models)) or real(models, *a, **k)
+    try:
+        cell = run_budget(digits, rec, ["trunc_normal", "impulse3"], [0, 1], 1, False, "cpu", "cell")
+        everything = run_budget(digits, rec, ["trunc_normal", "impulse3"], [0, 1], 1, False, "cpu", "all")
+    finally:
+        bench.train_models = real
+    assert calls == [2, 2, 4]
+    assert set(cell.stacking) == {"cell"} and set(everything.stacking) == {"all"} and set(cell.dtype) == {"fp32"}
+    assert sorted(zip(cell.init, cell.seed)) == sorted(zip(everything.init, everything.seed))
+    with pytest.raises(ValueError, match="stacking='seed'; choose one of"):
+        run_budget(digits, rec, ["trunc_normal"], [0], 1, False, "cpu", "seed")

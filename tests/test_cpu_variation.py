@@ -57,3 +57,19 @@ def test_the_committed_runs_against_the_epoch_benchmark_s_other_cpu(tmp_path):
     metrics = json.loads((REPO / f"results/train/digits-{row.init}/seed{row.seed}/metrics.json").read_text())
     assert abs(row.here - 100 * metrics["final_test_acc"]) < 1e-9
     assert "beyond verify's tolerance" in cpu_variation(REPO, REPO / "benchmarks/epochs.csv")
+
+
+def test_runs_on_the_committed_run_s_own_cpu_are_not_moves_and_a_run_twice_is_refused(tmp_path):
+    import pandas as pd
+    import pytest
+
+    repo = _repo(tmp_path, {("trunc_normal", 0): 90.0}, {("trunc_normal", 0): 89.0})
+    rows = pd.read_csv(repo / "epochs.csv")
+    same = rows.assign(cpu="This CPU, 2 threads", test_acc=90.0)               # the same CPU re-ran it
+    pd.concat([rows, same]).to_csv(repo / "epochs.csv", index=False)
+    runs = paired_runs(repo, repo / "epochs.csv", "digits", 4)
+    assert list(runs.other_cpu) == ["Other CPU"] and list(runs.other) == [89.0]
+    twice = rows.assign(cpu="Third CPU")
+    pd.concat([rows, twice]).to_csv(repo / "epochs.csv", index=False)
+    with pytest.raises(ValueError, match=r"\('trunc_normal', 0\)\] ran twice at 4 epochs"):
+        paired_runs(repo, repo / "epochs.csv", "digits", 4)

@@ -59,7 +59,8 @@ def cell_method(init: str, params: dict | None = None) -> str:
     return own["init"] if own else cells.parse_init(init)[0]
 
 
-STUDIES_WITH_INITS = ("study_heads_width@", "study_data_size@")   # an initializer per cell, any shipped one
+# an initializer per cell, any shipped one
+STUDIES_WITH_INITS = ("study_heads_width@", "study_data_size@", "study_regime_reused@", "analyze_regime_reused@")
 
 
 def needed_code(stage, params: dict | None = None) -> set[str]:

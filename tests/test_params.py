@@ -161,6 +161,11 @@ BAD = [
      ["studies.regime", "'imp3_m090'", "imp3_m030"]),
     ("regime reused arm not in the grid", _set("studies.regime.reused", ["trunc_normal", "impulse3", "impulse7"]),
      ["studies.regime.reused = ['impulse7']", "main grid's initializers"]),
+    ("regime arm's kernel larger than the grid", lambda p: (
+        _set("studies.regime.datasets", ["digits"])(p),
+        _set("studies.regime.arms", [{"name": "imp3_m030", "init": "impulse", "options": {"kernel": 9, "target_mass": 0.3}},
+                                     {"name": "imp3_m060", "init": "impulse", "options": {"kernel": 3}}])(p)),
+     ["studies.regime.arms[0].options.kernel = 9", "digits"]),
     ("regime dataset not in grid", _set("studies.regime.datasets", ["svhn"]), ["studies.regime.datasets", "grid.datasets"]),
     ("regime arm without its kernel", _set("studies.regime.arms", [{"name": "imp_m5", "init": "impulse",
                                                                      "options": {"target_mass": 0.5}}]),

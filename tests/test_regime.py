@@ -2,7 +2,6 @@
 of the main grid's, in a copy, and keeps what it found (benchmarks/regime.py)."""
 import csv
 import json
-import math
 import sys
 
 import yaml
@@ -58,7 +57,7 @@ def test_the_regime_study_trains_only_its_own_cells_and_reports_mass_norms_and_c
     by = {(r["arm"], int(r["seed"])): r for r in rows}
     # reused seeds are the main grid's runs, the others the study's own
     assert by["trunc_normal", 1]["run"] == "results/train/digits-trunc_normal/seed1"
-    assert by["trunc_normal", 2]["run"] == "results/studies/regime/digits-trunc_normal-own/seed2"
+    assert by["trunc_normal", 2]["run"] == "benchmarks/regime/results/digits-trunc_normal-own/seed2"   # kept
     assert abs(float(by["trunc_normal", 1]["acc"]) - 100 * main_acc["final_test_acc"]) < 1e-3   # 6 digits kept
     for s in (0, 1, 2):
         sharp, law = by["imp3_m060", s], by["impulse3", s]
@@ -66,10 +65,15 @@ def test_the_regime_study_trains_only_its_own_cells_and_reports_mass_norms_and_c
         assert float(sharp["pseudo_at_init"]) > 2 * float(law["pseudo_at_init"])     # the law's is smaller
         assert float(sharp["images_at_init"]) > float(law["images_at_init"])
         assert float(sharp["wq_at_init"]) > float(law["wq_at_init"])                # sharper needs larger W_q
-        assert math.isnan(float(by["trunc_normal", s]["pseudo_at_init"]))          # no offsets, no mass
+        # Trunc Normal has no offsets: measured on Imp.-3's of the same seed, near uniform (1/64)
+        assert by["trunc_normal", s]["offsets_of"] == "impulse3" and by["impulse3", s]["offsets_of"] == "impulse3"
+        assert float(by["trunc_normal", s]["pseudo_at_init"]) < 0.5 * float(law["pseudo_at_init"])
+        assert int(by["trunc_normal", s]["images"]) == int(law["images"]) > 0
     assert (repo / "benchmarks/regime/results/digits-imp3_m060-own/seed2/metrics.json").exists()
 
     text = (repo / "regime.md").read_text()
     assert "## Regime study on digits" in text and "### In one line" in text
     assert "Imp.-3 at mass 0.6 − Trunc Normal" in text and "n = 3 paired" in text
     assert "Detectable with this design" in text and "test acc at epoch 1" in text
+    assert f"the first {law['images']} test images" in text and "on Imp.-3's offsets of the same seed" in text
+    assert "fixed in params.yaml since commit" in text or "not yet in a commit of params.yaml" in text

@@ -371,7 +371,7 @@ class Studies(_Section):
     pseudo_input: PseudoInputStudy
     heads_width: HeadsWidthStudy
     data_size: DataSizeStudy
-    regime: Optional[RegimeStudy] = None    # off the default; None: a params.yaml from before it
+    regime: RegimeStudy                  # beyond the paper, off the default (datasets: []); dvc.yaml reads it
 
 
 class ConvmixerSize(_Section):
@@ -524,19 +524,22 @@ def _cross_field_problems(p: Params, root: str | Path = ".") -> list[tuple[str, 
     out += _subset("studies.data_size.inits", s.data_size.inits, "the main grid's initializers", main_inits, why)
     out += _data_size_problems(p)
     out += _study_contrast_problems(p, kernel_free)
-    out += _regime_problems(p, main_inits)
+    out += _regime_problems(p, main_inits, image)
     return out
 
 
-def _regime_problems(p: Params, main_inits: list[str]) -> list[tuple[str, object, str]]:
+def _regime_problems(p: Params, main_inits: list[str], image: dict) -> list[tuple[str, object, str]]:
     """The regime study reuses the main grid's cells (its shared seeds, its reused arms) and adds
-    seeds of its own: they must be what the main grid has, and not."""
+    seeds of its own: they must be what the main grid has, and not; an arm's kernel must fit
+    the patch grid of each dataset it runs on."""
     r, g = p.studies.regime, p.grid
-    if r is None:
-        return []
+    out = [problem for d in r.datasets if d in p.recipes and d in image
+           for i, arm in enumerate(r.arms) if isinstance(k := arm.options.get("kernel"), int)
+           for problem in _kernel_problems(f"studies.regime.arms[{i}].options.kernel", k, k,
+                                           p.recipes[d].model.model_dump(), d, image[d])]
     why = "the study reuses the main grid's cells for these"
-    out = _subset("studies.regime.datasets", r.datasets, "grid.datasets", g.datasets,
-                  "only grid.datasets are downloaded and prepared (add it there too)")
+    out += _subset("studies.regime.datasets", r.datasets, "grid.datasets", g.datasets,
+                   "only grid.datasets are downloaded and prepared (add it there too)")
     out += _subset("studies.regime.shared_seeds", r.shared_seeds, "grid.seeds", g.seeds, why)
     out += _subset("studies.regime.reused", r.reused, "the main grid's initializers", main_inits, why)
     inside = sorted(set(r.own_seeds) & set(g.seeds))
