@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.replication import KEEP_FILES, copy_tree
+from benchmarks.replication import copy_tree, keep_outputs
 
 REPO = Path(__file__).resolve().parents[1]
 KEPT = Path("benchmarks/regime")
@@ -44,22 +44,6 @@ def copy_repository(dest: Path) -> None:
     for folder in OUTPUTS:
         if (REPO / folder).exists():
             shutil.copytree(REPO / folder, dest / folder, dirs_exist_ok=True)
-
-
-def keep_runs(results: Path, dest: Path) -> list[Path]:
-    """Each of the study's runs' small outputs (KEEP_FILES), results/studies/regime/<cell>/seed<s>/,
-    copied to dest (replaced); returns the kept run folders."""
-    shutil.rmtree(dest, ignore_errors=True)
-    kept = []
-    for metrics in sorted(results.glob("*/seed*/metrics.json")):
-        run = metrics.parent
-        for name in KEEP_FILES:
-            if (run / name).exists():
-                target = dest / run.relative_to(results) / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(run / name, target)
-        kept.append(dest / run.relative_to(results))
-    return kept
 
 
 def fixed_at(params: dict) -> str:
@@ -126,7 +110,7 @@ def main():
         subprocess.run(["dvc", "repro", "--allow-missing", "regime_report"], cwd=repo, env=env, check=True)
         report = (repo / f"reports/regime_{a.dataset}.md").read_text()
         conclusions = json.loads((repo / f"reports/conclusions/regime_{a.dataset}.json").read_text())
-        keep_runs(repo / "results/studies/regime", REPO / KEPT / "results")
+        keep_outputs(repo / "results/studies/regime", REPO / KEPT / "results")   # metrics, params, init, curve
         sys.path.insert(0, str(repo))
         from structinit.reporting.regime_report import regime_runs
 

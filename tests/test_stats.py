@@ -311,7 +311,7 @@ def test_the_speed_endpoint_reads_each_run_at_its_epoch_and_tests_the_planned_pa
     from scipy import stats as sps
 
     from structinit.io import MissingFileError
-    from structinit.reporting.main_report import _run_row, speed_section
+    from structinit.reporting.main_report import run_row, speed_section
 
     rows, at20 = [], {}
     for init, rate in (("impulse3", 2.0), ("trunc_normal", 1.0)):
@@ -323,12 +323,12 @@ def test_the_speed_endpoint_reads_each_run_at_its_epoch_and_tests_the_planned_pa
             accs = {e: min(0.99, rate * e / 100 + wobble) for e in range(5, 41, 5)}
             (run / "plots/metrics/test/acc.tsv").write_text(
                 "step\tacc\n" + "".join(f"{e - 1}\t{a}\n" for e, a in accs.items()))
-            row = _run_row(tmp_path / f"digits-{init}", seed, 20)
+            row = run_row(tmp_path / f"digits-{init}", seed, 20)
             assert row["speed_acc"] == pytest.approx(100 * accs[20])
             at20[init, seed] = 100 * accs[20]
             rows.append({"dataset": "digits", "init": init, "seed": seed, **row})
     with pytest.raises(MissingFileError, match=r"digits-impulse3-0 has no test accuracy at epoch 21"):
-        _run_row(tmp_path / "digits-impulse3", 0, 21)
+        run_row(tmp_path / "digits-impulse3", 0, 21)
     args = (pd.DataFrame(rows), ["digits"], ["impulse3", "trunc_normal"],
             {"fraction": 0.5, "primary": "ours vs trunc_normal"}, "impulse3", {"digits": 20}, {"digits": 40}, 0.05)
     text = speed_section(*args)

@@ -79,15 +79,15 @@ def speed_epoch(train: dict, fraction: float) -> int:
     return min([e for e in range(every, epochs + 1, every) if e >= target] + [epochs])
 
 
-def _run_row(cell: Path, seed: int, speed_epoch: int | None) -> dict:
+def run_row(cell: Path, seed: int, speed_epoch: int | None, planned_at: str = "contrasts.speed") -> dict:
     """One run's row of cells.csv: its final/best accuracy and epochs, and, where params.yaml
-    plans a speed endpoint, its test accuracy (%) at that epoch."""
+    plans a speed endpoint (at `planned_at`), its test accuracy (%) at that epoch."""
     row, curve = read_cell(cell, seed)
     if speed_epoch is not None:
         at = curve[curve.epoch == speed_epoch]
         if at.empty:
             raise MissingFileError(f"{run_name(cell.name, seed)} has no test accuracy at epoch {speed_epoch} "
-                                   f"(contrasts.speed); it was tested at epochs {curve.epoch.tolist()[:6]}...")
+                                   f"({planned_at}); it was tested at epochs {curve.epoch.tolist()[:6]}...")
         row["speed_acc"] = 100 * float(at["acc"].iloc[0])
     return row
 
@@ -191,7 +191,7 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
     speed_at = {d: speed_epoch(params["recipes"][d]["train"], speed["fraction"]) for d in grid["datasets"]} \
         if speed else {}
     runs = pd.DataFrame([{"dataset": d, "init": i, "seed": s,
-                          **_run_row(results / main_cell(d, i), s, speed_at.get(d))} for d, i, s in expected])
+                          **run_row(results / main_cell(d, i), s, speed_at.get(d))} for d, i, s in expected])
     solves = list(itertools.product(grid["datasets"], grid["kernels"], grid["seeds"]))
 
     def record(folder, d, k, s):

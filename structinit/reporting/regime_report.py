@@ -23,9 +23,9 @@ import pandas as pd
 from structinit.io import MissingFileError, load_torch
 from structinit.pipeline.cells import impulse_kernel, main_cell, parse_contrast, run_name, seed_dir
 from structinit.reporting import stats
-from structinit.reporting.main_report import detectable_line, speed_epoch
+from structinit.reporting.main_report import detectable_line, run_row, speed_epoch
 from structinit.reporting.presentation import init_label
-from structinit.reporting.runs import ran_with, read_cell
+from structinit.reporting.runs import ran_with
 
 STUDY = "studies.regime"
 
@@ -72,13 +72,7 @@ def regime_runs(params: dict, dataset: str, main: Path, studies: Path, analysis:
         if not (run / "metrics.json").exists():
             raise MissingFileError(f"{run_name(cell.name, seed)}: no trained run at {run} (the regime study's "
                                    f"{arm}, seed {seed}); run the study: python -m benchmarks.regime")
-        row, curve = read_cell(cell, seed)
-        if at is not None:
-            point = curve[curve.epoch == at]
-            if point.empty:
-                raise MissingFileError(f"{run_name(cell.name, seed)} has no test accuracy at epoch {at} "
-                                       f"({STUDY}.contrasts.speed)")
-            row["speed_acc"] = 100 * float(point["acc"].iloc[0])
+        row = run_row(cell, seed, at, f"{STUDY}.contrasts.speed")
         found[arm, seed] = load_torch(seed_dir(where, seed).with_suffix(".pt"), f"the attention analysis of "
                                       f"{run_name(cell.name, seed)} (an analyze stage's output)")
         rows.append({"arm": arm, "seed": seed, "run": str(run), "images": int(found[arm, seed]["images"]), **row})
