@@ -29,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks.replication import copy_tree, keep_outputs
+from structinit.reporting.regime_report import regime_runs
 
 REPO = Path(__file__).resolve().parents[1]
 KEPT = Path("benchmarks/regime")
@@ -111,9 +112,6 @@ def main():
         report = (repo / f"reports/regime_{a.dataset}.md").read_text()
         conclusions = json.loads((repo / f"reports/conclusions/regime_{a.dataset}.json").read_text())
         keep_outputs(repo / "results/studies/regime", REPO / KEPT / "results")   # metrics, params, init, curve
-        sys.path.insert(0, str(repo))
-        from structinit.reporting.regime_report import regime_runs
-
         table = regime_runs(params, a.dataset, repo / "results/train", repo / "results/studies/regime",
                             repo / "artifacts/analysis")
         # where each run's small outputs are now: the main grid's in results/train, the study's kept here

@@ -9,7 +9,7 @@ import yaml
 from tests.test_pipeline import set_params, sh, tiny_repo_copy
 from structinit.reporting.regime_report import arm_label, _solved_for
 
-REGIME_OFF = {f"studies.{s}.datasets": [] for s in ("convmixer", "pseudo_input", "heads_width", "data_size")}
+OTHER_STUDIES_OFF = {f"studies.{s}.datasets": [] for s in ("convmixer", "pseudo_input", "heads_width", "data_size")}
 
 
 def test_the_default_keeps_the_regime_study_off_with_its_primary_fixed():
@@ -32,7 +32,7 @@ def test_the_default_keeps_the_regime_study_off_with_its_primary_fixed():
 def test_the_regime_study_trains_only_its_own_cells_and_reports_mass_norms_and_contrasts(tmp_path):
     repo = tiny_repo_copy(tmp_path)
     arm = {"name": "imp3_m060", "init": "impulse", "options": {"kernel": 3, "target_mass": 0.6}}
-    set_params(repo, **REGIME_OFF, **{
+    set_params(repo, **OTHER_STUDIES_OFF, **{
         "grid.kernels": [3], "grid.seeds": [0, 1], "recipes.digits.train.eval_every": 1,
         "studies.regime.arms": [arm], "studies.regime.shared_seeds": [0, 1], "studies.regime.own_seeds": [2],
         "studies.regime.contrasts": {"alpha": 0.05, "primary": "imp3_m060 vs trunc_normal",
