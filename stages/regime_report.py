@@ -1,7 +1,7 @@
 """regime_report@<dataset>: the regime study's table (beyond the paper), from its cells and the
 main grid's (structinit/reporting/regime_report.py).
 
-    python -m stages.regime_report --dataset digits --out reports/regime_digits.md
+    python -m stages.regime_report --dataset <dataset> --out reports/regime_<dataset>.md
 
 Off the default (studies.regime.datasets: []); benchmarks/regime.py runs the study in a copy.
 """

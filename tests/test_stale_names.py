@@ -31,6 +31,7 @@ NOT_OURS = {
     "methods/X.py": "a placeholder for your initializer's file",
     "structinit/init/methods/zero_qk.py": "the example initializer docs/library.md has you write",
     "a.csv": "stages/curves.py's argument a.csv (argparse's --csv), not a file name",
+    "runs.csv": "benchmarks/regime.py's table of runs (benchmarks/regime/), written when the study first runs",
 }
 
 
