@@ -10,11 +10,11 @@ from the cache alone is no reason to re-run); sets studies.regime.datasets to [d
 copy's params.yaml; asks DVC (--dry) what `dvc repro regime_report` would run and refuses,
 naming them, when that is more than the study's own stages (the main grid here is not up to
 date with this code: `./run.sh repro` first); then runs it (study_regime*, analyze_regime*,
-regime_report). Writes the report to --out, headed by the commit it ran at, the commit that
-fixed its primary contrast in params.yaml and the machine, and keeps in benchmarks/regime/ each
-of the study's runs' small outputs (metrics, params, init record, test curve) and runs.csv (one
-row per arm and seed: every number the report shows). Prints the report; its last line:
-`primary: <arm> - <arm> = <diff> points, 95 % CI [lo, hi], p = <p>`.
+regime_report). Writes the report to --out (its figure beside it, <out>.png), headed by the
+commit it ran at, the commit that fixed its primary contrast in params.yaml and the machine,
+and keeps in benchmarks/regime/ each of the study's runs' small outputs (metrics, params, init
+record, test curve) and runs.csv (one row per arm and seed: every number the report shows).
+Prints the report; its last line: `primary: <arm> - <arm> = <diff> points, 95 % CI [lo, hi], p = <p>`.
 """
 import argparse
 import json
@@ -109,7 +109,10 @@ def main():
             sys.exit(f"the regime study reuses the main grid's cells, but here DVC would first run {other}: "
                      "the main grid is not up to date with this code; run it first (./run.sh repro)")
         subprocess.run(["dvc", "repro", "--allow-missing", "regime_report"], cwd=repo, env=env, check=True)
-        report = (repo / f"reports/regime_{a.dataset}.md").read_text()
+        figure = Path(a.out).with_suffix(".png")
+        shutil.copy2(repo / f"reports/figures/regime_{a.dataset}.png", figure)
+        report = (repo / f"reports/regime_{a.dataset}.md").read_text().replace(
+            f"reports/figures/regime_{a.dataset}.png", str(figure))
         conclusions = json.loads((repo / f"reports/conclusions/regime_{a.dataset}.json").read_text())
         keep_outputs(repo / "results/studies/regime", REPO / KEPT / "results")   # metrics, params, init, curve
         table = regime_runs(params, a.dataset, repo / "results/train", repo / "results/studies/regime",

@@ -76,4 +76,22 @@ def test_the_regime_study_trains_only_its_own_cells_and_reports_mass_norms_and_c
     assert "Imp.-3 at mass 0.6 − Trunc Normal" in text and "n = 3 paired" in text
     assert "Detectable with this design" in text and "test acc at epoch 1" in text
     assert f"the first {law['images']} test images" in text and "on Imp.-3's offsets of the same seed" in text
+    assert (repo / "regime.png").exists() and "Figure: `regime.png`" in text
     assert "fixed in params.yaml since commit" in text or "not yet in a commit of params.yaml" in text
+
+
+def test_the_figure_puts_each_arm_at_its_mean_mass_with_its_mean_accuracy():
+    import pandas as pd
+    from structinit.reporting.figures.regime import regime_figure
+
+    runs = pd.DataFrame({"arm": ["trunc_normal"] * 3 + ["imp3_m060"] * 3, "seed": [0, 1, 2] * 2,
+                         "images_at_init": [0.01, 0.02, 0.03, 0.30, 0.40, 0.50],
+                         "acc": [95.0, 96.0, 97.0, 93.0, 94.0, 95.0],
+                         "speed_acc": [40.0, 42.0, 44.0, 80.0, 82.0, 84.0]})
+    fig = regime_figure(runs, str.upper, "digits", 160, 20)
+    final, speed = fig.axes[:2]
+    points = [(c.lines[0].get_xdata()[0], c.lines[0].get_ydata()[0]) for c in final.containers]
+    assert [tuple(round(v, 6) for v in p) for p in points] == [(0.02, 96.0), (0.4, 94.0)]
+    assert [round(c.lines[0].get_ydata()[0], 6) for c in speed.containers] == [42.0, 82.0]
+    assert final.get_xscale() == "log" and "epoch 20" in speed.get_ylabel()
+    assert [t.get_text() for t in speed.get_legend().get_texts()] == ["TRUNC_NORMAL (n = 3)", "IMP3_M060 (n = 3)"]

@@ -126,7 +126,9 @@ def _cell(values: pd.Series, digits: int = 2) -> str:
     return f"{s.mean:.{digits}f} ± {s.std:.{digits}f}"
 
 
-def regime_report(params: dict, dataset: str, main: Path, studies: Path, analysis: Path) -> str:
+def regime_report(params: dict, dataset: str, main: Path, studies: Path, analysis: Path,
+                  figure: Path | None = None) -> str:
+    """The report's markdown; figure: where to draw accuracy against the prior's sharpness."""
     r = params["studies"]["regime"]
     plan = r["contrasts"]
     alpha = plan.get("alpha", stats.ALPHA)
@@ -176,6 +178,13 @@ def regime_report(params: dict, dataset: str, main: Path, studies: Path, analysi
     images = sorted(set(runs.images))
     from structinit.init.softness import official_target_mass
 
+    drawn = ""
+    if figure is not None:
+        from structinit.reporting.figures.regime import regime_figure
+        from structinit.reporting.figures.style import save_figure
+
+        save_figure(regime_figure(runs, label, dataset, train["epochs"], at), figure)
+        drawn = f"Figure: `{figure}` (accuracy against each arm's mass on the offsets at init).\n\n"
     paper = official_target_mass(256, 192, 3)          # ViT-T/2 on CIFAR: 16 x 16 patches of 2, C 192, 3 heads
     law_arm = next((a for a in r["reused"] if impulse_kernel(a) is not None), None)
     law = f"{_solved_for(params, dataset, law_arm).split(' ')[0]}" if law_arm else "a smaller share"
@@ -195,4 +204,4 @@ def regime_report(params: dict, dataset: str, main: Path, studies: Path, analysi
             "structured init was solved for), at init and trained, on the pseudo-input and averaged over the first "
             f"{' or '.join(map(str, images))} test images.{borrowed_note} ‖W_q‖, ‖W_k‖: Frobenius norms, mean over "
             "blocks; accuracy in %.\n\n"
-            + table + "\n" + "\n".join(rows) + "\n\n" + block + "\n" + speed_block)
+            + table + "\n" + "\n".join(rows) + "\n\n" + drawn + block + "\n" + speed_block)
