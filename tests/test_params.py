@@ -151,15 +151,20 @@ BAD = [
     ("even ConvMixer kernel", _set("convmixer_sizes.cm64d4k3.kernel_size", 4), ["convmixer_sizes.cm64d4k3.kernel_size = 4", "odd"]),
     ("unknown filter mode", _set("studies.convmixer.modes", ["learned", "gabor"]), ["studies.convmixer.modes[1] = 'gabor'", "'box'"]),
     ("unknown model shape", _set("studies.heads_width.shapes", ["h7"]), ["studies.heads_width.shapes[0] = 'h7'", "model_shapes"]),
-    ("regime own seed in grid", lambda p: (_set("studies.regime.shared_seeds", [0, 1])(p),
+    # the regime study's rules across keys hold when it runs (datasets set): off, it binds nothing
+    ("regime own seed in grid", lambda p: (_set("studies.regime.datasets", ["digits"])(p),
+                                           _set("studies.regime.shared_seeds", [0, 1])(p),
                                            _set("studies.regime.own_seeds", [4, 5])(p)),
      ["studies.regime.own_seeds", "[4] in grid.seeds"]),
-    ("regime shared seed not in grid", _set("studies.regime.shared_seeds", [0, 11]),
+    ("regime shared seed not in grid", lambda p: (_set("studies.regime.datasets", ["digits"])(p),
+                                                  _set("studies.regime.shared_seeds", [0, 11])(p)),
      ["studies.regime.shared_seeds = [11]", "grid.seeds"]),
     ("regime seed in both lists", _set("studies.regime.shared_seeds", [0, 5]), ["studies.regime", "[5] in both"]),
     ("regime unknown arm in a contrast", _set("studies.regime.contrasts.primary", "imp3_m090 vs trunc_normal"),
      ["studies.regime", "'imp3_m090'", "imp3_m030"]),
-    ("regime reused arm not in the grid", _set("studies.regime.reused", ["trunc_normal", "impulse3", "impulse7"]),
+    ("regime reused arm not in the grid", lambda p: (_set("studies.regime.datasets", ["digits"])(p),
+                                                     _set("studies.regime.reused", ["trunc_normal", "impulse3",
+                                                                                    "impulse7"])(p)),
      ["studies.regime.reused = ['impulse7']", "main grid's initializers"]),
     ("regime arm's kernel larger than the grid", lambda p: (
         _set("studies.regime.datasets", ["digits"])(p),
@@ -187,6 +192,13 @@ def test_each_rule_refuses_its_bad_value_in_one_line(mutate, fragments):
 
 def test_the_default_and_a_reused_main_variant_are_valid():
     assert validate_params(copy.deepcopy(DEFAULT)) == DEFAULT
+    # the regime study is off: more main-grid seeds may reach its own (5-9) without a refusal
+    p = copy.deepcopy(DEFAULT)
+    p["grid"]["seeds"] = [0, 1, 2, 3, 4, 5]
+    validate_params(p)
+    p["studies"]["regime"]["datasets"] = ["digits"]
+    with pytest.raises(ParamsError, match=r"studies.regime.own_seeds .*\[5\] in grid.seeds"):
+        validate_params(p)
     # a pseudo-input study that trains its own PP cell reuses nothing: its seeds are free
     p = copy.deepcopy(DEFAULT)
     p["studies"]["pseudo_input"]["variants"] = ["PP", "UU"]

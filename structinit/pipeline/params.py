@@ -529,10 +529,12 @@ def _cross_field_problems(p: Params, root: str | Path = ".") -> list[tuple[str, 
 
 
 def _regime_problems(p: Params, main_inits: list[str], image: dict) -> list[tuple[str, object, str]]:
-    """The regime study reuses the main grid's cells (its shared seeds, its reused arms) and adds
-    seeds of its own: they must be what the main grid has, and not; an arm's kernel must fit
-    the patch grid of each dataset it runs on."""
+    """When it runs: the regime study reuses the main grid's cells (its shared seeds, its reused
+    arms) and adds seeds of its own: they must be what the main grid has, and not; an arm's
+    kernel must fit the patch grid of each dataset it runs on."""
     r, g = p.studies.regime, p.grid
+    if not r.datasets:            # off: nothing of it runs, so no other key is held to it
+        return []
     out = [problem for d in r.datasets if d in p.recipes and d in image
            for i, arm in enumerate(r.arms) if isinstance(k := arm.options.get("kernel"), int)
            for problem in _kernel_problems(f"studies.regime.arms[{i}].options.kernel", k, k,
