@@ -176,7 +176,8 @@ def report(curves: pd.DataFrame, tolerance: float, seeds: list[int], warmup_pref
     if primary and (rows_p := primary_by_budget(final, *primary)):
         contrast = (f"\nThe primary contrast, {init_label(primary[0])} − {init_label(primary[1])}, paired by seed "
                     "(mean, 95 % interval; its move from the budget before):\n\n"
-                    + tabulate(rows_p, headers=["budget", "difference (points)", "move"], tablefmt="github") + "\n")
+                    + tabulate(rows_p, headers=["budget", "difference (points)", "move"], tablefmt="github",
+                             disable_numparse=True) + "\n")
     verdict = (f"**Converged budget: {chosen} epochs** (the smallest budget whose double moves no arm's "
                f"mean by more than {tolerance:g} point)." if chosen is not None else
                f"**No budget here is converged** by the criterion (no doubling within {tolerance:g} point).")

@@ -34,6 +34,7 @@ from structinit.reporting.regime_report import regime_runs
 REPO = Path(__file__).resolve().parents[1]
 KEPT = Path("benchmarks/regime")
 STAGE = re.compile(r"Running stage '([^']+)'")
+FAILED_STAGE = re.compile(r"failed to reproduce '([^']+)'")
 OWN_STAGES = ("check_params", "study_regime", "analyze_regime", "regime_report")   # check_params: params.yaml changed
 OUTPUTS = ("results", "models", "artifacts", "data/prepared", "reports")   # the main grid, up to date
 
@@ -102,7 +103,11 @@ def main():
             subprocess.run(cmd, cwd=repo, env=env, check=True, stdout=subprocess.DEVNULL)
         plan = subprocess.run(["dvc", "repro", "--dry", "--allow-missing", "regime_report"], cwd=repo, env=env,
                               capture_output=True, text=True)
-        if plan.returncode:
+        # A dry run stops at the first stage whose inputs an earlier stage would write (an
+        # analysis of cells not trained yet): that is one of the study's own, and every
+        # main-grid stage upstream of it has been judged by then.
+        failed = FAILED_STAGE.search(plan.stdout + plan.stderr)
+        if plan.returncode and not (failed and failed[1].startswith(OWN_STAGES)):
             sys.exit(f"dvc repro --dry regime_report failed in the copy:\n{plan.stdout[-2000:]}{plan.stderr[-2000:]}")
         other = [s for s in STAGE.findall(plan.stdout) if not s.startswith(OWN_STAGES)]
         if other:

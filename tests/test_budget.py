@@ -123,7 +123,9 @@ def test_the_primary_contrast_at_each_budget_and_its_move():
     assert [(r[0], r[1].split(" ")[0], r[2]) for r in rows] == [
         ("40", "+40.00", ""), ("80", "+7.00", "-33.00"), ("160", "+1.00", "-6.00"), ("320", "+0.80", "-0.20")]
     text = report(curves(), 1.0, [0, 1, 2], False, "this CPU", primary=("impulse3", "trunc_normal"))
-    assert "The primary contrast, Imp.-3 − Trunc Normal" in text and "+0.80 [+0.80, +0.80] | -0.20" in text
+    assert "The primary contrast, Imp.-3 − Trunc Normal" in text
+    row = next(line for line in text.splitlines() if line.startswith("| 320 "))
+    assert [c.strip() for c in row.strip("|").split("|")] == ["320", "+0.80 [+0.80, +0.80]", "-0.20"]
 
 
 def test_where_and_how_each_budget_ran_is_named():

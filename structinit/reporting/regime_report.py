@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from structinit.io import MissingFileError, load_torch
+from structinit.io import MissingFileError, load_checked
 from structinit.pipeline.cells import impulse_kernel, main_cell, parse_contrast, run_name, seed_dir
 from structinit.reporting import stats
 from structinit.reporting.main_report import detectable_line, run_row, speed_epoch
@@ -73,7 +73,7 @@ def regime_runs(params: dict, dataset: str, main: Path, studies: Path, analysis:
             raise MissingFileError(f"{run_name(cell.name, seed)}: no trained run at {run} (the regime study's "
                                    f"{arm}, seed {seed}); run the study: python -m benchmarks.regime")
         row = run_row(cell, seed, at, f"{STUDY}.contrasts.speed")
-        found[arm, seed] = load_torch(seed_dir(where, seed).with_suffix(".pt"), f"the attention analysis of "
+        found[arm, seed] = load_checked(seed_dir(where, seed).with_suffix(".pt"), f"the attention analysis of "
                                       f"{run_name(cell.name, seed)} (an analyze stage's output)")
         rows.append({"arm": arm, "seed": seed, "run": str(run), "images": int(found[arm, seed]["images"]), **row})
     arms = list(dict.fromkeys(a for a, _ in found))
