@@ -77,11 +77,21 @@ def main():
     if a.again is not None:
         if not a.seeds:
             ap.error("--again needs the --seeds that replication ran on")
-        text = replication_report(original, json.loads(a.again.read_text()), seeds, new,
-                                  **halves(REPO / "results/train", REPO / KEPT / "results/train", seeds, new))
-        Path(a.out).write_text(text)
-        print(text)
-        return
+        again = json.loads(a.again.read_text())
+    else:
+        again = run_replication(params, new, a.keep)
+    kept = REPO / KEPT / "results/train"
+    both = halves(REPO / "results/train", kept, seeds, new)
+    text = replication_report(original, again, seeds, new, **both)
+    Path(a.out).write_text(text)
+    record = primary_record(original, again, seeds, new, both["values"], computed_on(kept, new))
+    Path(a.out).with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    print(text)
+
+
+def run_replication(params: dict, new: list, keep: bool) -> dict:
+    """Train the main table on seeds `new` in a copy of the repository (the real `dvc repro
+    aggregate`), keep its runs' small outputs in KEPT, return its main_table.json."""
     tmp = Path(tempfile.mkdtemp(prefix="structinit-replication-"))
     try:
         repo = tmp / "repo"
@@ -102,14 +112,11 @@ def main():
         again = json.loads((repo / "reports/conclusions/main_table.json").read_text())
         keep_outputs(repo / "results/train", REPO / KEPT / "results/train")
     finally:
-        if a.keep:
+        if keep:
             print(f"kept {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-    text = replication_report(original, again, seeds, new,
-                              **halves(REPO / "results/train", REPO / KEPT / "results/train", seeds, new))
-    Path(a.out).write_text(text)
-    print(text)
+    return again
 
 
 def keep_outputs(results: Path, dest: Path) -> None:
@@ -147,22 +154,63 @@ def halves(first: Path, second: Path, seeds: list, new: list) -> dict:
             "ran": (ran_with(runs(first, seeds)), ran_with(runs(second, new)))}
 
 
+def computed_on(results: Path, seeds: list) -> str:
+    """What a half's runs computed in and on, short: e.g. "bf16 on AMD EPYC (cpu family 25,
+    model 17)" (several, joined with "; ", where its runs differ)."""
+    seen = []
+    for m in sorted(results.glob("*/seed*/metrics.json")):
+        if int(m.parent.name[4:]) in seeds:
+            logged = yaml.safe_load((m.parent / "params.yaml").read_text())
+            where = logged.get("cpu") if logged.get("device") == "cpu" else logged.get("device")
+            one = f"{logged.get('compute_dtype', 'an unrecorded dtype')} on {where or 'an unrecorded device'}"
+            seen += [one] if one not in seen else []
+    return "; ".join(seen)
+
+
 def _half(c: dict) -> str:
     ci = "" if c.get("ci_low") is None or c["ci_low"] != c["ci_low"] else f" [{c['ci_low']:+.2f}, {c['ci_high']:+.2f}]"
     return f"{c['diff']:+.2f}{ci}"
 
 
-def _pooled(values: tuple, family: str, a: str, b: str) -> str:
-    """Both halves' seeds together, paired by seed: the estimate, 95 % interval, p and n."""
+def _pooled_difference(values: tuple, family: str, a: str, b: str):
+    """Both halves' seeds together, paired by seed (a PairedDifference), or None with < 2 pairs."""
     from structinit.reporting.stats import paired_difference
 
     first, second = values
     xa = {**first.get((family, a), {}), **second.get((family, a), {})}
     xb = {**first.get((family, b), {}), **second.get((family, b), {})}
-    if len(set(xa) & set(xb)) < 2:
+    return paired_difference(xa, xb) if len(set(xa) & set(xb)) >= 2 else None
+
+
+def _pooled(values: tuple, family: str, a: str, b: str) -> str:
+    """Both halves' seeds together, paired by seed: the estimate, 95 % interval, p and n."""
+    d = _pooled_difference(values, family, a, b)
+    if d is None:
         return "—"
-    d = paired_difference(xa, xb)
     return f"{d.diff:+.2f} [{d.ci_low:+.2f}, {d.ci_high:+.2f}], p={d.p:.2g}, n={d.n}"
+
+
+def primary_record(original: dict, again: dict, seeds: list, new: list, values: tuple | None = None,
+                   computed_on: str = "") -> dict:
+    """The primary contrast of each dataset, both halves and pooled, as data: what the main
+    table's headline quotes (structinit.reporting.main_report.replication_sentence), beside
+    the markdown report. computed_on: what the replication's runs computed in and on."""
+    after = {(c["family"], c["a"], c["b"]): c for c in again["conclusions"]}
+
+    def half(c, on):
+        return {"seeds": on, **{k: c[k] for k in ("diff", "ci_low", "ci_high", "p", "n", "verdict")}}
+    primary = []
+    for c in original["conclusions"]:
+        d = after.get((c["family"], c["a"], c["b"]))
+        if c.get("role") != "primary" or d is None:
+            continue
+        pooled = _pooled_difference(values, c["family"], c["a"], c["b"]) if values else None
+        primary.append({"dataset": c["family"], "a": c["a"], "b": c["b"], "stated": half(c, seeds),
+                        "replication": half(d, new), "verdict": verdict(c["verdict"], d["verdict"]),
+                        "pooled_post_hoc": None if pooled is None else {
+                            "n": pooled.n, "diff": pooled.diff, "ci_low": pooled.ci_low, "ci_high": pooled.ci_high,
+                            "p": pooled.p}})
+    return {"report": "benchmarks/replication.md", "computed_on": computed_on, "primary": primary}
 
 
 def _stated(c: dict) -> str:

@@ -19,9 +19,12 @@ def main():
     ap.add_argument("--figures", default="reports/figures/main", help="the main figure, <dataset>.png")
     ap.add_argument("--epoch-budgets", default="benchmarks/epochs.csv",
                     help="the epoch benchmark's output, drawn beside the main figure where it has the dataset")
+    ap.add_argument("--replication", default="benchmarks/replication.json",
+                    help="the replication benchmark's primary contrasts, quoted in the headline where they "
+                         "replicated this run's")
     a = ap.parse_args()
     reports = main_reports(load_params(), Path(a.results), Path(a.preopt), Path(a.reference), Path(a.figures),
-                           Path(a.epoch_budgets))
+                           Path(a.epoch_budgets), Path(a.replication))
     out = Path(a.out)
     for name, text in reports.texts.items():
         write_text(out / name, text)

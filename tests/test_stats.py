@@ -384,6 +384,51 @@ def test_replication_keeps_its_runs_and_pools_both_halves_post_hoc(tmp_path):
     assert "- seeds [0, 1, 2, 3, 4]: Computed in bf16 (autocast) on CPU: CPU one, 2 threads (10 runs)" in text
     assert "- seeds [5, 6, 7, 8, 9]: Computed in bf16 (autocast) on CPU: CPU two" in text
 
+    # as data, for the headline: each half's primary and the pooled figures, and what the
+    # replication computed in and on
+    from benchmarks.replication import computed_on, primary_record
+
+    conclusion.update(p=0.1, n=5)
+    again = dict(conclusion, verdict=">", diff=0.5, ci_low=0.1, ci_high=0.9, p=0.02)
+    record = primary_record({"conclusions": [conclusion]}, {"conclusions": [again]}, list(range(5)),
+                            list(range(5, 10)), extra["values"], computed_on(tmp_path / "kept", list(range(5, 10))))
+    (entry,) = record["primary"]
+    assert record["computed_on"] == "bf16 on CPU two" and entry["verdict"] == "new"
+    assert entry["replication"] == {"seeds": list(range(5, 10)), "diff": 0.5, "ci_low": 0.1, "ci_high": 0.9,
+                                    "p": 0.02, "n": 5, "verdict": ">"}
+    assert entry["pooled_post_hoc"]["n"] == 10 and abs(entry["pooled_post_hoc"]["diff"] - mean) < 1e-9
+    assert (entry["pooled_post_hoc"]["ci_low"], entry["pooled_post_hoc"]["ci_high"]) == pytest.approx((low, high))
+    json.dumps(record)                                                     # what the benchmark writes
+
+
+def test_the_headline_quotes_the_replication_only_of_its_own_primary():
+    """One sentence beside the primary, from benchmarks/replication.json, where that record
+    replicated this very contrast on these seeds with these numbers; nothing otherwise (an
+    experiment's other seeds or params, another CPU's bytes)."""
+    from structinit.reporting.main_report import replication_sentence
+    from structinit.reporting.stats import Contrast
+
+    c = Contrast("digits", "impulse3", "trunc_normal", "primary", 95.06, 95.5, -0.44, -1.16, 0.27, 5,
+                 "two-sided", 0.16, 0.16, "~", 0.58)
+    record = {"report": "benchmarks/replication.md", "computed_on": "bf16 on AMD EPYC",
+              "primary": [{"dataset": "digits", "a": "impulse3", "b": "trunc_normal", "verdict": "new",
+                           "stated": {"seeds": [0, 1, 2, 3, 4], "diff": -0.44, "ci_low": -1.16, "ci_high": 0.27,
+                                      "p": 0.16, "n": 5, "verdict": "~"},
+                           "replication": {"seeds": [5, 6, 7, 8, 9], "diff": -1.39, "ci_low": -2.6, "ci_high": -0.17,
+                                           "p": 0.034, "n": 5, "verdict": "<"},
+                           "pooled_post_hoc": {"n": 10, "diff": -0.915, "ci_low": -1.57, "ci_high": -0.26, "p": 0.01}}]}
+    label = {"impulse3": "Imp.-3", "trunc_normal": "Trunc Normal"}.get
+    text = replication_sentence(record, c, [0, 1, 2, 3, 4], label)
+    assert text == ("\n  Replicated on seeds 5–9 (benchmarks/replication.md; bf16 on AMD EPYC): Imp.-3 − Trunc Normal "
+                    "-1.39 points, 95 % CI [-2.60, -0.17], p = 0.034, below 0 (replication's verdict: new); both "
+                    "halves pooled, post hoc (n = 10, decided after both were seen): -0.92 [-1.57, -0.26].")
+    from dataclasses import replace
+    assert replication_sentence(record, c, [0, 1, 2], label) == ""                  # other seeds
+    assert replication_sentence(record, replace(c, diff=-0.28), [0, 1, 2, 3, 4], label) == ""   # other bytes
+    assert replication_sentence(record, replace(c, a="impulse5"), [0, 1, 2, 3, 4], label) == ""  # other contrast
+    assert replication_sentence(None, c, [0, 1, 2, 3, 4], label) == ""
+    assert replication_sentence({"primary": []}, c, [0, 1, 2, 3, 4], label) == ""   # not run yet
+
 
 def test_the_speed_epoch_is_the_first_tested_epoch_at_or_after_the_fraction():
     from structinit.reporting.main_report import speed_epoch

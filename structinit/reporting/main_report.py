@@ -125,6 +125,35 @@ def speed_section(runs: pd.DataFrame, datasets: list[str], inits: list[str], spe
             + exploratory + tests.replace("## ", "### ", 1))
 
 
+def replication_sentence(record: dict | None, c: stats.Contrast, seeds: list, label=str) -> str:
+    """One sentence on the replication of primary contrast c (record: benchmarks/replication.json,
+    as benchmarks/replication.py writes it), "\n  "-prefixed; "" where the record replicated
+    other results: another contrast, other seeds, or other numbers for the same seeds (another
+    CPU's bytes, another trainer, an experiment's params), since it says nothing about these."""
+    for r in (record or {}).get("primary", []):
+        stated, again = r["stated"], r["replication"]
+        if ((r["dataset"], r["a"], r["b"]) != (c.family, c.a, c.b) or list(stated["seeds"]) != list(seeds)
+                or not math.isclose(stated["diff"], c.diff, rel_tol=0, abs_tol=1e-9)):
+            continue
+        found = ("not distinguishable from 0" if again["verdict"] == "~"
+                 else f"{'above' if again['diff'] > 0 else 'below'} 0")
+        pooled = r.get("pooled_post_hoc")
+        report = record.get("report", "benchmarks/replication.md")
+        return (f"\n  Replicated on seeds {_seed_range(again['seeds'])} ({report}; "
+                f"{record.get('computed_on') or 'unrecorded dtype and CPU'}): {label(c.a)} − {label(c.b)} "
+                f"{again['diff']:+.2f} points, 95 % CI [{again['ci_low']:+.2f}, {again['ci_high']:+.2f}], "
+                f"p = {again['p']:.2g}, {found} (replication's verdict: {r['verdict']})"
+                + ("" if not pooled else
+                   f"; both halves pooled, post hoc (n = {pooled['n']}, decided after both were seen): "
+                   f"{pooled['diff']:+.2f} [{pooled['ci_low']:+.2f}, {pooled['ci_high']:+.2f}]") + ".")
+    return ""
+
+
+def _seed_range(seeds: list) -> str:
+    s = sorted(seeds)
+    return f"{s[0]}–{s[-1]}" if s == list(range(s[0], s[-1] + 1)) and len(s) > 2 else ", ".join(map(str, s))
+
+
 def detectable_line(c: stats.Contrast, alpha: float, unit: str = "points") -> str:
     """Beside the primary: the smallest true difference its design detects (80 % power, the
     exact noncentral t at n - 1 df, the contrast's own alpha and sidedness, from its own SD of
@@ -170,11 +199,12 @@ class MainReports:
 
 
 def main_reports(params: dict, results: Path, preopt: Path, reference: Path, figures: Path,
-                 epoch_budgets: Path | None = None) -> MainReports:
+                 epoch_budgets: Path | None = None, replication: Path | None = None) -> MainReports:
     """results: the trained cells; preopt / reference: the Q/K solves' and the official
     solver's records (stages preoptimize and reference_solve); figures: where the main figure
     goes (<dataset>.png); epoch_budgets: benchmarks/epochs.csv, drawn beside it where it has
-    the dataset."""
+    the dataset; replication: benchmarks/replication.json, quoted in the headline where it
+    replicated this very primary contrast (replication_sentence)."""
     results, preopt, reference, figures = Path(results), Path(preopt), Path(reference), Path(figures)
     grid, kernel = params["grid"], params["init"]["kernel"]
     if kernel not in grid["kernels"]:
@@ -238,7 +268,9 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
         + plan.exploratory_note(init_label) + main_block + "\n" + confound
         + (speed_block + "\n" if speed_block else "")
         + report.paper_main_block())
+    replicated = json.loads(replication.read_text()) if replication and replication.exists() else None
     primary_lines = [stats.contrast_line(c, init_label, plan.alpha) + "\n" + detectable_line(c, plan.alpha)
+                     + replication_sentence(replicated, c, grid["seeds"], init_label)
                      for ds in grid["datasets"] for c in contrasts[ds] if c.role == "primary"]
     texts["headline.md"] = (            # what the top-level README quotes (tests/test_readme_numbers.py)
         table + "\n\n"
