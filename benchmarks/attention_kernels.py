@@ -27,16 +27,22 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def make_stack(n_models: int):
+def make_stack(n_models: int, image_size: int | None = None):
+    """n_models digits ViTs (params.yaml's recipe, Trunc Normal, seeds 0..n-1) stacked the
+    batched way, and the recipe's label smoothing; image_size: digits resampled to that side
+    (patch 1: image_size**2 tokens), the recipe's 8 by default."""
+    import dataclasses
+
     import structinit as si
     from structinit.data.specs import DATASETS
     from structinit.pipeline.build import build_model
     from structinit.training.stacked import StackedModels
 
     rec = yaml.safe_load((REPO / "params.yaml").read_text())["recipes"]["digits"]
+    spec = dataclasses.replace(DATASETS["digits"], image_size=image_size or DATASETS["digits"].image_size)
     models = []
     for seed in range(n_models):
-        models.append(build_model(rec["model"], DATASETS["digits"]))
+        models.append(build_model(rec["model"], spec))
         si.initialize(models[-1], "trunc_normal", seed=seed)
     return StackedModels(models).train(), rec["train"]["label_smoothing"]
 
