@@ -84,7 +84,7 @@ def main():
     both = halves(REPO / "results/train", kept, seeds, new)
     text = replication_report(original, again, seeds, new, **both)
     Path(a.out).write_text(text)
-    record = primary_record(original, again, seeds, new, both["values"], computed_on(kept, new))
+    record = primary_record(original, again, seeds, new, both["values"], computed_on(kept, new), str(a.out))
     Path(a.out).with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
     print(text)
 
@@ -191,7 +191,7 @@ def _pooled(values: tuple, family: str, a: str, b: str) -> str:
 
 
 def primary_record(original: dict, again: dict, seeds: list, new: list, values: tuple | None = None,
-                   computed_on: str = "") -> dict:
+                   computed_on: str = "", report: str = "benchmarks/replication.md") -> dict:
     """The primary contrast of each dataset, both halves and pooled, as data: what the main
     table's headline quotes (structinit.reporting.main_report.replication_sentence), beside
     the markdown report. computed_on: what the replication's runs computed in and on."""
@@ -210,7 +210,7 @@ def primary_record(original: dict, again: dict, seeds: list, new: list, values: 
                         "pooled_post_hoc": None if pooled is None else {
                             "n": pooled.n, "diff": pooled.diff, "ci_low": pooled.ci_low, "ci_high": pooled.ci_high,
                             "p": pooled.p}})
-    return {"report": "benchmarks/replication.md", "computed_on": computed_on, "primary": primary}
+    return {"report": report, "computed_on": computed_on, "primary": primary}
 
 
 def _stated(c: dict) -> str:

@@ -1,30 +1,33 @@
-"""Where a CPU training step's time goes, and the fastest it could be with the model's own math.
+"""Where a CPU training step's time goes, and how fast its heaviest kernels alone would run.
 
     python -m benchmarks.step_floor [--dtype bf16] [--models 5] [--batch 32] [--steps 10]
                                     [--repeats 5] [--no-compile] [--trainer-speedup X]
 
-Times one chunk's training step (StackedModels.loss_and_grads: forward, loss, backward) of the
-default digits cell (params.yaml's digits model, Trunc Normal, `--models` seeds stacked the
-batched way, `--batch` images each, single-threaded: as each of the CPU trainer's chunks runs,
-one per core), four ways, interleaved so that machine load hits them alike:
+Times one chunk's training step (StackedModels.loss_and_grads: forward, loss, backward; not the
+optimizer, not the augmentation) of the default digits cell (params.yaml's digits model, Trunc
+Normal, `--models` seeds stacked the batched way, `--batch` images each, single-threaded: as
+each of the CPU trainer's chunks runs, one per core), against:
 
-- today: the step the trainer runs (eager, the attention kernel choose_attention picks);
 - compiled: the same step with the batched module under `torch.compile` (inductor fuses the
   elementwise work into generated C++ loops; the matmuls stay oneDNN/MKL calls). A speed
-  alternative measured here, not adopted by the trainer (see the printed note);
-- floor, GEMMs: every matmul and convolution the step ran, forward and backward (recorded by
-  a dispatch mode, then replayed alone on fresh tensors of the same shapes, strides and dtypes):
-  the step's matrix work at this machine's speed for these shapes, nothing else;
-- floor, GEMMs + exp/erf: those plus every softmax and GELU, forward and backward, replayed the
-  same way: work no implementation of this model's math avoids (exact GELU, softmax attention).
+  alternative measured here, not adopted by the trainer (docs/pipeline.md#speed says why);
+- floors: the step's own kernels, recorded by a dispatch mode while it runs (forward and
+  backward, with the dtypes autocast chose and the attention kernel the trainer picks) and
+  replayed on fresh tensors of the same shapes, strides and dtypes:
+  - GEMMs: every matmul and convolution;
+  - heavy: those plus every softmax, GELU and fused attention call (exp/erf work);
+  each replayed in the step's order ("in sequence": every call on its own inputs, so mostly
+  from memory, not cache), and each call timed alone, repeated ("hot": its inputs in cache,
+  the most generous figure).
 
-Prints ms per step (min / median over `--repeats` timings of `--steps` steps), each as a
-fraction of today's, and the ceiling: how much faster today's step could get if it cost only
-its floor. The floor leaves out everything else a step does (LayerNorm, residuals, casts, the
-loss, the optimizer, the next batch's augmentation), so the true ceiling is lower. With
-`--trainer-speedup X` (today's trainer against the issue's baseline, as
-`python -m benchmarks.trainer_speed` prints it), it also prints that ceiling against the
-baseline: X times today's ceiling.
+Contenders are interleaved so that machine load hits them alike; each prints ms per step (min /
+median over `--repeats` timings of `--steps` steps). The ceiling is today's step over the hot
+heavy floor, paired within each repeat (median and min over repeats): how much faster the step
+could get if it cost nothing but those kernels, each at its hot speed. Everything else the step
+does (LayerNorm, residuals, autocast's casts, the loss) costs time on top, so the true ceiling is
+lower. `--trainer-speedup X` (today's trainer against the issue's baseline, as
+`python -m benchmarks.trainer_speed` prints it) adds that ceiling against the baseline, X times
+today's, which assumes a whole run's time scales with the step's (the step is most of it).
 """
 import argparse
 import statistics
@@ -37,8 +40,13 @@ from torch.utils._pytree import tree_map
 from benchmarks.attention_kernels import make_stack
 
 aten = torch.ops.aten
+TODAY, COMPILED = "today (eager)", "compiled (torch.compile, inductor)"
+GEMM_SEQ, HEAVY_SEQ = "floor: GEMMs, in sequence", "floor: heavy, in sequence"
+GEMM_HOT, HEAVY_HOT = "floor: GEMMs, hot", "floor: heavy, hot"
 GEMMS = {aten.bmm, aten.baddbmm, aten.mm, aten.addmm, aten.convolution, aten.convolution_backward}
-EXP_ERF = {aten._softmax, aten._softmax_backward_data, aten.gelu, aten.gelu_backward}
+EXP_ERF = {aten._softmax, aten._softmax_backward_data, aten.gelu, aten.gelu_backward,
+           aten._scaled_dot_product_flash_attention_for_cpu,             # fused attention (fp32 here)
+           aten._scaled_dot_product_flash_attention_for_cpu_backward}
 
 
 class _TensorSpec:
@@ -71,16 +79,48 @@ class RecordOps(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def replayer(calls: list):
-    """A function that runs the recorded calls again, on tensors made once up front."""
+def _ready(calls: list) -> list:
+    """The recorded calls with tensors made for them, once."""
     def make(v):
         return v.make() if isinstance(v, _TensorSpec) else v
-    ready = [(func, tree_map(make, args), tree_map(make, kwargs)) for func, args, kwargs in calls]
+    return [(func, tree_map(make, args), tree_map(make, kwargs)) for func, args, kwargs in calls]
+
+
+def replayer(calls: list):
+    """A function that runs the recorded calls again in order, on tensors made once up front."""
+    ready = _ready(calls)
 
     def run():
         for func, args, kwargs in ready:
             func(*args, **kwargs)
     return run
+
+
+def hot_timer(calls: list, repeats: int):
+    """A function that returns the recorded calls' summed seconds, each call timed alone over
+    `repeats` runs after one untimed run (its inputs and output in cache)."""
+    ready = _ready(calls)
+
+    def seconds() -> float:
+        total = 0.0
+        for func, args, kwargs in ready:
+            func(*args, **kwargs)
+            t = time.perf_counter()
+            for _ in range(repeats):
+                func(*args, **kwargs)
+            total += (time.perf_counter() - t) / repeats
+        return total
+    return seconds
+
+
+def gemm_flops(calls: list) -> int:
+    """FLOPs of one replay of the recorded calls (torch.utils.flop_counter's count)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        replayer(calls)()
+    return counter.get_total_flops()
 
 
 def main(argv=None) -> dict:
@@ -118,35 +158,28 @@ def main(argv=None) -> dict:
         def step():
             return stack.loss_and_grads(x, y, loss, context)
 
-        # The floors decompose attention as its math does (q @ k.T, softmax, @ v): recorded
-        # from the explicit kernel, whichever the trainer runs (a fused kernel hides the softmax).
-        for m in stack.base.modules():
-            if hasattr(m, "fused_attn"):
-                m.fused_attn = False
         step()                                    # oneDNN primitives, allocator: before recording
         with RecordOps(GEMMS) as gemms:
             step()
         with RecordOps(GEMMS | EXP_ERF) as heavy:
             step()
-        stack.choose_attention(torch.device("cpu"), a.dtype)           # back to the trainer's own
-        contenders = {"today (eager, " + kernel + ")": step}
+        contenders = {TODAY: step}
         compile_seconds, compile_error = None, None
         if not a.no_compile:
-            eager = stack.batched
-            compiled_module = torch.compile(eager)
             compiled = stack.__class__.__new__(stack.__class__)     # a second stack on the same tensors
-            compiled.__dict__.update(stack.__dict__, batched=compiled_module)
+            compiled.__dict__.update(stack.__dict__, batched=torch.compile(stack.batched))
             try:
                 t = time.perf_counter()
                 compiled.loss_and_grads(x, y, loss, context)
                 compile_seconds = time.perf_counter() - t
-                contenders["compiled (torch.compile, inductor)"] = (
-                    lambda: compiled.loss_and_grads(x, y, loss, context))
+                contenders[COMPILED] = lambda: compiled.loss_and_grads(x, y, loss, context)
             except Exception as e:                # no C++ compiler, an inductor gap: say so, go on
                 compile_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        contenders["floor: GEMMs alone"] = replayer(gemms.calls)
-        contenders["floor: GEMMs + softmax/GELU"] = replayer(heavy.calls)
-        times = {k: [] for k in contenders}
+        contenders[GEMM_SEQ] = replayer(gemms.calls)
+        contenders[HEAVY_SEQ] = replayer(heavy.calls)
+        hot = {GEMM_HOT: hot_timer(gemms.calls, a.steps), HEAVY_HOT: hot_timer(heavy.calls, a.steps)}
+        flops = gemm_flops(gemms.calls)
+        times = {k: [] for k in [*contenders, *hot]}
         for fn in contenders.values():            # warm-up
             fn()
         for _ in range(a.repeats):
@@ -155,40 +188,45 @@ def main(argv=None) -> dict:
                 for _ in range(a.steps):
                     fn()
                 times[name].append((time.perf_counter() - t) / a.steps)
+            for name, seconds in hot.items():
+                times[name].append(seconds())
     finally:
         torch.set_num_threads(threads)
 
     medians = {k: statistics.median(v) for k, v in times.items()}
-    first = next(iter(times))
-    today = medians[first]
+    today = medians[TODAY]
     rows = [[name, f"{min(ts) * 1e3:.1f}", f"{medians[name] * 1e3:.1f}", f"{medians[name] / today:.2f}",
              f"{a.models * a.batch / medians[name]:.0f}"] for name, ts in times.items()]
     n_gemm, n_heavy = len(gemms.calls), len(heavy.calls)
-    print(f"{a.models} digits ViTs stacked (batched), {a.batch} images each per step, 1 thread, {a.dtype}; "
-          f"native bf16: {cpu_has_native_bf16()}; {a.repeats} interleaved repeats of {a.steps} steps; "
-          f"the floors replay {n_gemm} GEMM calls and {n_heavy - n_gemm} softmax/GELU calls per step")
+    dtypes = sorted({str(v.dtype).replace("torch.", "") for _, args, _ in gemms.calls for v in args
+                     if isinstance(v, _TensorSpec)})
+    print(f"{a.models} digits ViTs stacked (batched), {a.batch} images each per step, 1 thread, {a.dtype} "
+          f"({kernel}); native bf16: {cpu_has_native_bf16()}; {a.repeats} interleaved repeats of {a.steps} steps; "
+          f"the step ran {n_gemm} GEMM calls (inputs in {', '.join(dtypes)}) and {n_heavy - n_gemm} "
+          "softmax/GELU/fused-attention calls")
     print(tabulate(rows, headers=["step", "ms min", "median", "of today", "model-img/s per thread"],
                    tablefmt="github"))
-    # Paired within each repeat (today's time and the floor's, taken back to back), so that a
-    # slow stretch of the machine cancels out; min / median over the repeats.
-    ratios = sorted(t / f for t, f in zip(times[first], times["floor: GEMMs + softmax/GELU"]))
+    print(f"the GEMMs: {flops / 1e9:.2f} GFLOP per step, {flops / medians[GEMM_SEQ] / 1e9:.0f} GFLOP/s in "
+          f"sequence, {flops / medians[GEMM_HOT] / 1e9:.0f} hot")
+    # Paired within each repeat (today's time and the floor's, taken in the same pass over the
+    # contenders), so that a slow stretch of the machine mostly cancels out.
+    ratios = sorted(t / f for t, f in zip(times[TODAY], times[HEAVY_HOT]))
     ceiling = statistics.median(ratios)
     result = {"medians_s": medians, "ceiling": ceiling, "ceiling_min": ratios[0], "compile_seconds": compile_seconds,
-              "compile_error": compile_error, "gemm_calls": n_gemm, "exp_erf_calls": n_heavy - n_gemm}
+              "compile_error": compile_error, "gemm_calls": n_gemm, "heavy_calls": n_heavy - n_gemm,
+              "gemm_dtypes": dtypes, "gemm_gflop": flops / 1e9}
     if compile_seconds is not None:
         print(f"compiled: first step (compile) {compile_seconds:.1f} s; "
-              f"speedup of the step {today / medians['compiled (torch.compile, inductor)']:.2f}")
+              f"speedup of the step {today / medians[COMPILED]:.2f}")
     elif compile_error:
         print(f"compiled: not measured, torch.compile failed here ({compile_error})")
-    print(f"ceiling: today's step / its floor = {ceiling:.2f} median, {ratios[0]:.2f} min over the repeats "
-          "(an upper bound: the floor leaves out "
-          "LayerNorm, residuals, casts, the loss, the optimizer and augmentation)")
+    print(f"ceiling: today's step / its hot heavy floor = {ceiling:.2f} median, {ratios[0]:.2f} min over the "
+          "repeats (an upper bound: LayerNorm, residuals, casts and the loss cost time on top)")
     if a.trainer_speedup:
         result["ceiling_vs_baseline"] = a.trainer_speedup * ceiling
         print(f"ceiling against the baseline: {a.trainer_speedup:.2f} (trainer_speed) x {ceiling:.2f} = "
-              f"{result['ceiling_vs_baseline']:.2f}")
+              f"{result['ceiling_vs_baseline']:.2f} (if a run's time scales with its step's)")
     return result
-
 
 if __name__ == "__main__":
     main()

@@ -419,9 +419,15 @@ def test_the_headline_quotes_the_replication_only_of_its_own_primary():
                            "pooled_post_hoc": {"n": 10, "diff": -0.915, "ci_low": -1.57, "ci_high": -0.26, "p": 0.01}}]}
     label = {"impulse3": "Imp.-3", "trunc_normal": "Trunc Normal"}.get
     text = replication_sentence(record, c, [0, 1, 2, 3, 4], label)
-    assert text == ("\n  Replicated on seeds 5–9 (benchmarks/replication.md; bf16 on AMD EPYC): Imp.-3 − Trunc Normal "
-                    "-1.39 points, 95 % CI [-2.60, -0.17], p = 0.034, below 0 (replication's verdict: new); both "
-                    "halves pooled, post hoc (n = 10, decided after both were seen): -0.92 [-1.57, -0.26].")
+    assert text == ("\n  Re-tested on seeds 5–9 (benchmarks/replication.md; bf16 on AMD EPYC): Imp.-3 − Trunc Normal "
+                    "-1.39 points, 95 % CI [-2.60, -0.17], p = 0.034, distinguishable from 0 (Imp.-3 < Trunc "
+                    "Normal); against this table's verdict: new. Both halves pooled, post hoc (n = 10, decided "
+                    "after both were seen): -0.92 [-1.57, -0.26].")
+    unpooled = {**record, "primary": [{**record["primary"][0], "pooled_post_hoc": None, "verdict": "consistent",
+                                        "replication": {**record["primary"][0]["replication"], "verdict": "~",
+                                                        "ci_low": None}}]}
+    assert replication_sentence(unpooled, c, [0, 1, 2, 3, 4], label).endswith(
+        "-1.39 points, p = 0.034, not distinguishable from 0; against this table's verdict: consistent.")
     from dataclasses import replace
     assert replication_sentence(record, c, [0, 1, 2], label) == ""                  # other seeds
     assert replication_sentence(record, replace(c, diff=-0.28), [0, 1, 2, 3, 4], label) == ""   # other bytes

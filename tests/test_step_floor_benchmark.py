@@ -7,7 +7,7 @@ import yaml
 
 from benchmarks import step_floor
 from benchmarks.attention_kernels import REPO
-from benchmarks.step_floor import GEMMS, RecordOps, _TensorSpec, replayer
+from benchmarks.step_floor import EXP_ERF, GEMMS, RecordOps, _TensorSpec, hot_timer, replayer
 
 DEPTH = yaml.safe_load((REPO / "params.yaml").read_text())["recipes"]["digits"]["model"]["depth"]
 
@@ -18,15 +18,34 @@ def test_a_spec_remakes_shape_strides_and_dtype_even_of_an_expanded_view():
     assert (made.shape, made.stride(), made.dtype) == (t.shape, t.stride(), t.dtype)
 
 
-def test_the_recorder_sees_backward_matmuls_and_the_replay_runs_them_again():
+def _specs(calls):
+    return [(func, [(a.shape, a.stride, a.dtype) for a in args if isinstance(a, _TensorSpec)])
+            for func, args, _ in calls]
+
+
+def test_the_recorder_sees_backward_matmuls_in_autocasts_dtype_and_the_replay_runs_them_again():
     w = torch.randn(4, 3, requires_grad=True)
     x = torch.randn(2, 6, 4)
     with RecordOps(GEMMS) as rec:
-        torch.autograd.grad((x @ w).sum(), w)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = x @ w
+        torch.autograd.grad(y.float().sum(), w)
     assert len(rec.calls) == 2                    # forward, and the weight's gradient
+    assert {d for _, specs in _specs(rec.calls) for *_, d in specs} == {torch.bfloat16}
     with RecordOps(GEMMS) as again:
         replayer(rec.calls)()
-    assert [c[0] for c in again.calls] == [c[0] for c in rec.calls]
+    assert _specs(again.calls) == _specs(rec.calls)                # same ops, shapes, strides, dtypes
+    assert hot_timer(rec.calls, 2)() > 0
+
+
+def test_the_heavy_floor_holds_the_fused_attention_where_the_step_runs_it():
+    q = torch.randn(2, 3, 8, 4, requires_grad=True)
+    with RecordOps(GEMMS | EXP_ERF) as rec:
+        out = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        torch.autograd.grad(out.sum(), q)
+    names = {str(func.overloadpacket) for func, *_ in rec.calls}
+    assert names == {"aten._scaled_dot_product_flash_attention_for_cpu",
+                     "aten._scaled_dot_product_flash_attention_for_cpu_backward"}
 
 
 def test_step_floor_runs_tiny_and_its_floor_is_the_steps_own_work(capsys):
@@ -35,12 +54,25 @@ def test_step_floor_runs_tiny_and_its_floor_is_the_steps_own_work(capsys):
                          "--trainer-speedup", "1.5"])
     assert torch.get_num_threads() == threads                       # restored
     out = capsys.readouterr().out
-    # per block: qkv, q@k.T, attn@v, proj, fc1, fc2 forward, two gradients each backward; plus
-    # the patch embedding (conv, one backward call) and the head (forward, two gradients)
-    assert r["gemm_calls"] == 18 * DEPTH + 5
-    assert r["exp_erf_calls"] == 4 * DEPTH                         # softmax, GELU: forward, backward
-    for row in ("today (eager,", "floor: GEMMs alone", "floor: GEMMs + softmax/GELU"):
-        assert re.search(rf"^\| {re.escape(row)}.*\| +\d+\.\d +\|", out, re.M)
-    assert r["medians_s"]["floor: GEMMs + softmax/GELU"] < r["medians_s"][next(iter(r["medians_s"]))]
-    assert r["ceiling"] > 1 and r["ceiling_vs_baseline"] == 1.5 * r["ceiling"]
-    assert re.search(r"^ceiling against the baseline: 1\.50 \(trainer_speed\) x \d+\.\d\d = ", out, re.M)
+    # bf16 here: the trainer's explicit attention. Per block: qkv, q@k.T, attn@v, proj, fc1, fc2
+    # forward, two gradients each backward; plus the patch embedding (conv, one backward call)
+    # and the head (forward, two gradients)
+    assert r["gemm_calls"] == 18 * DEPTH + 5 and r["gemm_dtypes"] == ["bfloat16"]
+    assert r["heavy_calls"] == 4 * DEPTH                           # softmax, GELU: forward, backward
+    for row in ("today (eager)", "floor: GEMMs, in sequence", "floor: heavy, in sequence", "floor: GEMMs, hot",
+                "floor: heavy, hot"):
+        assert re.search(rf"^\| {re.escape(row)} +\| +\d+(\.\d)? +\|", out, re.M)
+    assert re.search(r"^the GEMMs: \d+\.\d\d GFLOP per step, \d+ GFLOP/s in sequence, \d+ hot$", out, re.M)
+    m = r["medians_s"]
+    assert m["floor: heavy, hot"] < m["today (eager)"] and m["floor: GEMMs, hot"] < m["floor: heavy, hot"]
+    assert r["ceiling"] > 1
+    assert re.search(r"^ceiling against the baseline: 1\.50 \(trainer_speed\) x \d+\.\d\d = \d", out, re.M)
+
+
+def test_in_fp32_the_floor_replays_the_fused_attention_the_trainer_runs():
+    r = step_floor.main(["--dtype", "fp32", "--repeats", "1", "--steps", "1", "--models", "2", "--batch", "4",
+                         "--no-compile"])
+    # fused attention: no q@k.T / attn@v matmuls (4 GEMMs fewer forward+backward... per block:
+    # qkv, proj, fc1, fc2 forward and two gradients each), its kernel and backward among the heavy
+    assert r["gemm_calls"] == 12 * DEPTH + 5 and r["gemm_dtypes"] == ["float32"]
+    assert r["heavy_calls"] == 4 * DEPTH                           # attention, GELU: forward, backward

@@ -136,15 +136,17 @@ def replication_sentence(record: dict | None, c: stats.Contrast, seeds: list, la
                 or not math.isclose(stated["diff"], c.diff, rel_tol=0, abs_tol=1e-9)):
             continue
         found = ("not distinguishable from 0" if again["verdict"] == "~"
-                 else f"{'above' if again['diff'] > 0 else 'below'} 0")
+                 else f"distinguishable from 0 ({label(c.a)} {again['verdict']} {label(c.b)})")
+        has_ci = all(isinstance(again.get(k), (int, float)) and not math.isnan(again[k]) for k in ("ci_low", "ci_high"))
+        ci = f", 95 % CI [{again['ci_low']:+.2f}, {again['ci_high']:+.2f}]" if has_ci else ""
         pooled = r.get("pooled_post_hoc")
         report = record.get("report", "benchmarks/replication.md")
-        return (f"\n  Replicated on seeds {_seed_range(again['seeds'])} ({report}; "
+        return (f"\n  Re-tested on seeds {_seed_range(again['seeds'])} ({report}; "
                 f"{record.get('computed_on') or 'unrecorded dtype and CPU'}): {label(c.a)} − {label(c.b)} "
-                f"{again['diff']:+.2f} points, 95 % CI [{again['ci_low']:+.2f}, {again['ci_high']:+.2f}], "
-                f"p = {again['p']:.2g}, {found} (replication's verdict: {r['verdict']})"
+                f"{again['diff']:+.2f} points{ci}, p = {again['p']:.2g}, {found}; against this table's "
+                f"verdict: {r['verdict']}"
                 + ("" if not pooled else
-                   f"; both halves pooled, post hoc (n = {pooled['n']}, decided after both were seen): "
+                   f". Both halves pooled, post hoc (n = {pooled['n']}, decided after both were seen): "
                    f"{pooled['diff']:+.2f} [{pooled['ci_low']:+.2f}, {pooled['ci_high']:+.2f}]") + ".")
     return ""
 
