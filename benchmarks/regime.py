@@ -13,7 +13,8 @@ date with this code: `./run.sh repro` first); then runs it (study_regime*, analy
 regime_report). Writes the report to --out (its figure beside it, <out>.png), headed by the
 commit it ran at, the commit that fixed its primary contrast in params.yaml and the machine,
 and keeps in benchmarks/regime/ each of the study's runs' small outputs (metrics, params, init
-record, test curve) and runs.csv (one row per arm and seed: every number the report shows).
+record, test curve), runs.csv (one row per arm and seed: every number the report shows) and
+conclusions.json (the report's verdicts as data).
 Prints the report; its last line: `primary: <arm> - <arm> = <diff> points, 95 % CI [lo, hi], p = <p>`.
 """
 import argparse
@@ -119,6 +120,8 @@ def main():
         report = (repo / f"reports/regime_{a.dataset}.md").read_text().replace(
             f"reports/figures/regime_{a.dataset}.png", str(figure))
         conclusions = json.loads((repo / f"reports/conclusions/regime_{a.dataset}.json").read_text())
+        (REPO / KEPT).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(repo / f"reports/conclusions/regime_{a.dataset}.json", REPO / KEPT / "conclusions.json")
         keep_outputs(repo / "results/studies/regime", REPO / KEPT / "results")   # metrics, params, init, curve
         table = regime_runs(params, a.dataset, repo / "results/train", repo / "results/studies/regime",
                             repo / "artifacts/analysis")

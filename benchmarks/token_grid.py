@@ -65,7 +65,7 @@ def main(argv=None) -> dict:
     ratio = statistics.median(ratios)
     for side, ts in times.items():
         print(f"{side}x{side} ({side * side} tokens): {statistics.median(ts) * 1e3:.1f} ms per step median, "
-              f"{min(ts) * 1e3:.1f} min ({dtype}, {kernel}, 1 thread, {a.models} models x {a.batch} images)")
+              f"{min(ts) * 1e3:.1f} ms min ({dtype}, {kernel}, 1 thread, {a.models} models x {a.batch} images)")
     minutes = CELLS * a.cell_minutes * ratio
     print(f"ratio: {ratio:.2f} median, {ratios[0]:.2f} min over {a.repeats} paired repeats")
     print(f"the regime study at {a.side}x{a.side}: about {minutes:.0f} min of training "

@@ -70,6 +70,8 @@ def test_the_regime_study_trains_only_its_own_cells_and_reports_mass_norms_and_c
         assert float(by["trunc_normal", s]["pseudo_at_init"]) < 0.5 * float(law["pseudo_at_init"])
         assert int(by["trunc_normal", s]["images"]) == int(law["images"]) > 0
     assert (repo / "benchmarks/regime/results/digits-imp3_m060-own/seed2/metrics.json").exists()
+    kept = json.loads((repo / "benchmarks/regime/conclusions.json").read_text())   # the verdicts, as data
+    assert [c["role"] for c in kept["conclusions"] if ", epoch" not in c["id"]][:2] == ["primary", "secondary"]
 
     text = (repo / "regime.md").read_text()
     assert "## Regime study on digits" in text and "### In one line" in text
