@@ -47,6 +47,24 @@ def make_stack(n_models: int, image_size: int | None = None):
     return StackedModels(models).train(), rec["train"]["label_smoothing"]
 
 
+def chunk_step(stack, smoothing: float, batch: int, dtype: str, side: int = 8):
+    """One chunk's training step of `stack` as the CPU trainer runs it (forward, label-smoothed
+    loss, backward: StackedModels.loss_and_grads) on fixed random images (N, batch, 1, side,
+    side) and labels, under bf16 autocast or in fp32; a function of no arguments."""
+    x = torch.randn(stack.n, batch, 1, side, side)
+    y = torch.randint(0, 10, (stack.n, batch))
+
+    def loss(logits, labels):
+        return torch.nn.functional.cross_entropy(logits.float(), labels, label_smoothing=smoothing)
+
+    def context():
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16")
+
+    def step():
+        return stack.loss_and_grads(x, y, loss, context)
+    return step
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
@@ -64,20 +82,14 @@ def main(argv=None) -> dict:
         stack, smoothing = make_stack(a.models)
         if stack.batched is None:
             raise SystemExit("the digits model does not take the batched way: nothing to compare")
-        x = torch.randn(a.models, a.batch, 1, 8, 8)
-        y = torch.randint(0, 10, (a.models, a.batch))
-
-        def loss(logits, labels):
-            return torch.nn.functional.cross_entropy(logits.float(), labels, label_smoothing=smoothing)
-
         attns = [m for m in stack.base.modules() if hasattr(m, "fused_attn")]
+        steps = {d: chunk_step(stack, smoothing, a.batch, d) for d in ("fp32", "bf16")}
 
         def step(fused: bool, dtype: str):
             def run():
                 for m in attns:
                     m.fused_attn = fused
-                return stack.loss_and_grads(
-                    x, y, loss, lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"))
+                return steps[dtype]()
             return run
 
         contenders = {(f, d): step(f, d) for d in ("fp32", "bf16") for f in (True, False)}

@@ -37,7 +37,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-from benchmarks.attention_kernels import make_stack
+from benchmarks.attention_kernels import chunk_step, make_stack
 
 aten = torch.ops.aten
 TODAY, COMPILED = "today (eager)", "compiled (torch.compile, inductor)"
@@ -146,18 +146,7 @@ def main(argv=None) -> dict:
         if stack.batched is None:
             raise SystemExit("the digits model does not take the batched way: nothing to measure")
         kernel = stack.choose_attention(torch.device("cpu"), a.dtype)
-        x = torch.randn(a.models, a.batch, 1, 8, 8)
-        y = torch.randint(0, 10, (a.models, a.batch))
-
-        def loss(logits, labels):
-            return torch.nn.functional.cross_entropy(logits.float(), labels, label_smoothing=smoothing)
-
-        def context():
-            return torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16")
-
-        def step():
-            return stack.loss_and_grads(x, y, loss, context)
-
+        step = chunk_step(stack, smoothing, a.batch, a.dtype)
         step()                                    # oneDNN primitives, allocator: before recording
         with RecordOps(GEMMS) as gemms:
             step()
@@ -170,9 +159,10 @@ def main(argv=None) -> dict:
             compiled.__dict__.update(stack.__dict__, batched=torch.compile(stack.batched))
             try:
                 t = time.perf_counter()
-                compiled.loss_and_grads(x, y, loss, context)
+                compiled_step = chunk_step(compiled, smoothing, a.batch, a.dtype)
+                compiled_step()
                 compile_seconds = time.perf_counter() - t
-                contenders[COMPILED] = lambda: compiled.loss_and_grads(x, y, loss, context)
+                contenders[COMPILED] = compiled_step
             except Exception as e:                # no C++ compiler, an inductor gap: say so, go on
                 compile_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         contenders[GEMM_SEQ] = replayer(gemms.calls)

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from benchmarks.attention_kernels import make_stack
+from benchmarks.attention_kernels import chunk_step, make_stack
 
 CELLS = 6                           # the regime study's training cells (docs/studies.md)
 
@@ -42,14 +42,7 @@ def main(argv=None) -> dict:
         for side in (8, a.side):
             stack, smoothing = make_stack(a.models, image_size=side)
             kernel = stack.choose_attention(torch.device("cpu"), dtype)
-            x = torch.randn(a.models, a.batch, 1, side, side)
-            y = torch.randint(0, 10, (a.models, a.batch))
-
-            def step(stack=stack, x=x, y=y, smoothing=smoothing):
-                return stack.loss_and_grads(
-                    x, y, lambda logits, labels: torch.nn.functional.cross_entropy(
-                        logits.float(), labels, label_smoothing=smoothing),
-                    lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"))
+            step = chunk_step(stack, smoothing, a.batch, dtype, side)
             step()
             steps[side] = step
         times = {side: [] for side in steps}
