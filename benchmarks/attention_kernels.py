@@ -17,6 +17,7 @@ Why it exists: on a Zen 4 (AVX512-BF16) in bf16 the fused kernel's backward took
 step, and the step ran 2.6x slower than with explicit attention.
 """
 import argparse
+import contextlib
 import statistics
 import time
 from pathlib import Path
@@ -45,6 +46,25 @@ def make_stack(n_models: int, image_size: int | None = None):
         models.append(build_model(rec["model"], spec))
         si.initialize(models[-1], "trunc_normal", seed=seed)
     return StackedModels(models).train(), rec["train"]["label_smoothing"]
+
+
+@contextlib.contextmanager
+def one_thread():
+    """One intra-op thread, as each chunk of the CPU trainer runs; the process's count restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def batched_stack(n_models: int, image_size: int | None = None):
+    """make_stack, refused (SystemExit) where the model does not take the batched way."""
+    stack, smoothing = make_stack(n_models, image_size)
+    if stack.batched is None:
+        raise SystemExit("the digits model does not take the batched way: nothing to measure")
+    return stack, smoothing
 
 
 def chunk_step(stack, smoothing: float, batch: int, dtype: str, side: int = 8):
@@ -76,12 +96,8 @@ def main(argv=None) -> dict:
 
     from structinit.training.common import cpu_has_native_bf16
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)                      # as each chunk of the CPU trainer runs
-    try:
-        stack, smoothing = make_stack(a.models)
-        if stack.batched is None:
-            raise SystemExit("the digits model does not take the batched way: nothing to compare")
+    with one_thread():
+        stack, smoothing = batched_stack(a.models)
         attns = [m for m in stack.base.modules() if hasattr(m, "fused_attn")]
         steps = {d: chunk_step(stack, smoothing, a.batch, d) for d in ("fp32", "bf16")}
 
@@ -103,8 +119,6 @@ def main(argv=None) -> dict:
                 for _ in range(a.steps):
                     fn()
                 times[key].append((time.perf_counter() - t) / a.steps)
-    finally:
-        torch.set_num_threads(threads)
 
     rows = []
     for (fused, dtype), ts in times.items():

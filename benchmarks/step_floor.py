@@ -37,7 +37,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-from benchmarks.attention_kernels import chunk_step, make_stack
+from benchmarks.attention_kernels import batched_stack, chunk_step, one_thread
 
 aten = torch.ops.aten
 TODAY, COMPILED = "today (eager)", "compiled (torch.compile, inductor)"
@@ -139,12 +139,8 @@ def main(argv=None) -> dict:
 
     from structinit.training.common import cpu_has_native_bf16
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)                      # as each chunk of the CPU trainer runs
-    try:
-        stack, smoothing = make_stack(a.models)
-        if stack.batched is None:
-            raise SystemExit("the digits model does not take the batched way: nothing to measure")
+    with one_thread():
+        stack, smoothing = batched_stack(a.models)
         kernel = stack.choose_attention(torch.device("cpu"), a.dtype)
         step = chunk_step(stack, smoothing, a.batch, a.dtype)
         step()                                    # oneDNN primitives, allocator: before recording
@@ -180,8 +176,6 @@ def main(argv=None) -> dict:
                 times[name].append((time.perf_counter() - t) / a.steps)
             for name, seconds in hot.items():
                 times[name].append(seconds())
-    finally:
-        torch.set_num_threads(threads)
 
     medians = {k: statistics.median(v) for k, v in times.items()}
     today = medians[TODAY]

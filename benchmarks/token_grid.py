@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from benchmarks.attention_kernels import chunk_step, make_stack
+from benchmarks.attention_kernels import batched_stack, chunk_step, one_thread
 
 CELLS = 6                           # the regime study's training cells (docs/studies.md)
 
@@ -35,12 +35,10 @@ def main(argv=None) -> dict:
     from structinit.training.common import cpu_has_native_bf16
 
     dtype = "bf16" if cpu_has_native_bf16() else "fp32"       # what amp=auto computes in here
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         steps = {}
         for side in (8, a.side):
-            stack, smoothing = make_stack(a.models, image_size=side)
+            stack, smoothing = batched_stack(a.models, image_size=side)
             kernel = stack.choose_attention(torch.device("cpu"), dtype)
             step = chunk_step(stack, smoothing, a.batch, dtype, side)
             step()
@@ -52,8 +50,6 @@ def main(argv=None) -> dict:
                 for _ in range(a.steps):
                     fn()
                 times[side].append((time.perf_counter() - t) / a.steps)
-    finally:
-        torch.set_num_threads(threads)
     ratios = sorted(big / small for small, big in zip(times[8], times[a.side]))
     ratio = statistics.median(ratios)
     for side, ts in times.items():
