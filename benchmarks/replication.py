@@ -131,15 +131,19 @@ def keep_outputs(results: Path, dest: Path) -> None:
                 shutil.copy2(run / name, target)
 
 
+def _runs(results: Path, seeds: list) -> list[Path]:
+    """The finished runs of `seeds` in a results/train tree (<cell>/seed<s>/ with metrics.json)."""
+    return [m.parent for m in sorted(results.glob("*/seed*/metrics.json")) if int(m.parent.name[4:]) in seeds]
+
+
 def _accuracies(results: Path, seeds: list) -> dict:
     """(dataset, init) -> {seed: final test accuracy in %} for the runs of `seeds` in a
     results/train tree (cells named <dataset>-<init>)."""
     out: dict = {}
-    for metrics in sorted(results.glob("*/seed*/metrics.json")):
-        seed = int(metrics.parent.name[4:])
-        if seed in seeds:
-            dataset, init = metrics.parent.parent.name.split("-", 1)
-            out.setdefault((dataset, init), {})[seed] = 100 * json.loads(metrics.read_text())["final_test_acc"]
+    for run in _runs(results, seeds):
+        dataset, init = run.parent.name.split("-", 1)
+        out.setdefault((dataset, init), {})[int(run.name[4:])] = \
+            100 * json.loads((run / "metrics.json").read_text())["final_test_acc"]
     return out
 
 
@@ -148,22 +152,19 @@ def halves(first: Path, second: Path, seeds: list, new: list) -> dict:
     pooled, post-hoc estimate) and what each half ran on ("" where a half has no runs)."""
     from structinit.reporting.runs import ran_with
 
-    def runs(results, wanted):
-        return [m.parent for m in sorted(results.glob("*/seed*/metrics.json")) if int(m.parent.name[4:]) in wanted]
     return {"values": (_accuracies(first, seeds), _accuracies(second, new)),
-            "ran": (ran_with(runs(first, seeds)), ran_with(runs(second, new)))}
+            "ran": (ran_with(_runs(first, seeds)), ran_with(_runs(second, new)))}
 
 
 def computed_on(results: Path, seeds: list) -> str:
-    """What a half's runs computed in and on, short: e.g. "bf16 on AMD EPYC (cpu family 25,
-    model 17)" (several, joined with "; ", where its runs differ)."""
+    """What a half's runs computed in and on, short: e.g. "bf16 on AMD EPYC" (several, joined
+    with "; ", where its runs differ); ran_with's long sentence is the report's."""
     seen = []
-    for m in sorted(results.glob("*/seed*/metrics.json")):
-        if int(m.parent.name[4:]) in seeds:
-            logged = yaml.safe_load((m.parent / "params.yaml").read_text())
-            where = logged.get("cpu") if logged.get("device") == "cpu" else logged.get("device")
-            one = f"{logged.get('compute_dtype', 'an unrecorded dtype')} on {where or 'an unrecorded device'}"
-            seen += [one] if one not in seen else []
+    for run in _runs(results, seeds):
+        logged = yaml.safe_load((run / "params.yaml").read_text())
+        where = logged.get("cpu") if logged.get("device") == "cpu" else logged.get("device")
+        one = f"{logged.get('compute_dtype', 'an unrecorded dtype')} on {where or 'an unrecorded device'}"
+        seen += [one] if one not in seen else []
     return "; ".join(seen)
 
 
