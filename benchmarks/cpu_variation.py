@@ -3,9 +3,11 @@ against the committed run's, beside `./run.sh verify`'s tolerance and the fragil
 
     python -m benchmarks.cpu_variation [--out benchmarks/cpu_variation.md]
 
-Reads the epoch benchmark's runs at the recipe's own budget (benchmarks/epochs.csv: on the CPU
-its `cpu` column names) and the committed main-grid runs of the same initializer and seed
-(results/train/<dataset>-<init>/seed<s>/: on the CPU each run logged beside its params), and
+Reads the epoch benchmark's earlier runs on an Intel Xeon at the recipe's own budget
+(benchmarks/epochs_intel.csv: budgets 40-160 of benchmarks/epochs.csv before that file was
+re-run on the committed run's CPU; the CPU its `cpu` column names) and the committed main-grid
+runs of the same initializer and seed (results/train/<dataset>-<init>/seed<s>/: on the CPU each
+run logged beside its params), and
 writes, per cell, each seed's move (this workspace's run - the other CPU's) in points and test
 images, the cell mean's move against verify's tolerance; then the moves' spread against the
 seed-to-seed spread on one CPU, and the primary contrast on the shared seeds on each CPU, its
@@ -97,8 +99,8 @@ def cpu_variation(repo: Path, epochs_csv: Path, dataset: str = "digits") -> str:
     beyond = sum(c[-1] == "yes" for c in cells)
     return (f"Per cell, {dataset} at {epochs} epochs, seeds {sorted(set(runs.seed))}: this workspace's runs "
             f"({runs.here_cpu.iloc[0]}, {runs.here_dtype.iloc[0]}) minus the epoch benchmark's on "
-            f"{runs.other_cpu.iloc[0]} (benchmarks/epochs.csv), in points and in test images (of {n_test}); a cell "
-            f"beyond verify's tolerance moves its mean by more than {TOLERANCE_TEST_IMAGES} images. Written by "
+            f"{runs.other_cpu.iloc[0]} (benchmarks/{epochs_csv.name}), in points and in test images (of {n_test}); "
+            f"a cell beyond verify's tolerance moves its mean by more than {TOLERANCE_TEST_IMAGES} images. Written by "
             "`python -m benchmarks.cpu_variation`.\n\n"
             + tabulate(cells, headers=["init", "move per seed (points)", "test images", "mean (images)",
                                        "beyond tolerance"], tablefmt="github")
@@ -119,7 +121,7 @@ def cpu_variation(repo: Path, epochs_csv: Path, dataset: str = "digits") -> str:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--epochs-csv", type=Path, default=REPO / "benchmarks/epochs.csv")
+    ap.add_argument("--epochs-csv", type=Path, default=REPO / "benchmarks/epochs_intel.csv")
     ap.add_argument("--dataset", default="digits")
     ap.add_argument("--out", type=Path, help="also write the text there (benchmarks/cpu_variation.md)")
     a = ap.parse_args()

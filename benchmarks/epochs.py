@@ -1,21 +1,28 @@
 """How many epochs the paper's recipe needs on the embedded default (digits): the evidence
 behind `recipes.digits.train.epochs`.
 
-    python -m benchmarks.epochs                      # budgets 40 80 160 320, seeds 0 1 2, every arm (~2.5 h)
-    python -m benchmarks.epochs --budgets 320 --add  # one budget more, keeping <out>.csv's others
-    python -m benchmarks.epochs --budgets 10 20 --seeds 0 1 2 --inits trunc_normal impulse3
+    python -m benchmarks.epochs --budgets 80 320 --from-cells   # the committed file (~100 min on 2 cores)
+    python -m benchmarks.epochs                                 # every budget trained here: 40 80 160 320
+    python -m benchmarks.epochs --budgets 640 --add             # one budget more, keeping <out>.csv's others
+    python -m benchmarks.epochs --budgets 160 --inits impulse3 --out benchmarks/epochs_cells_check
 
 Trains the digits recipe of params.yaml (the paper's optimizer, eps, clipping, label
 smoothing, weight decay) at each epoch budget as a complete run: warm-up 5 % of the budget
 (the paper's 10 of 200), cosine to min_lr at the end of *that* budget, warm-up replacing the
 cosine's start (`warmup_prefix: false`, the paper's timm default; `--warmup-prefix` for the
-other). Every arm and seed of a budget trains stacked in one call; an arm at one seed is the
-same initial model at every budget.
+other). Each arm's seeds (the main grid's, `grid.seeds`, by default) train stacked in one call,
+as the pipeline's cells do, so a budget here is what the pipeline would train at that budget on
+this CPU; an arm at one seed is the same initial model at every budget.
+
+--from-cells takes the pipeline's own budget from its cells (results/train, `dvc repro`)
+instead of training it again. The last command above checks that this is the same: it trains
+the pipeline's budget here and compares each evaluated epoch with the cells (pipeline_check).
 
 Criterion (issue 26): a budget B is converged when doubling it moves no arm's mean final
 accuracy by more than `--tolerance` points (1 by default). Writes benchmarks/epochs.csv (test
-accuracy every 10 epochs and at the end, per arm, budget and seed) and benchmarks/epochs.md
-(the tables and the verdict, what the README quotes); prints the same.
+accuracy at every evaluated epoch, per arm, budget and seed, each row naming the CPU, dtype and
+stacking it ran with) and benchmarks/epochs.md (the tables and the verdict, what the README
+quotes); prints the same.
 """
 from __future__ import annotations
 
@@ -35,12 +42,14 @@ from structinit.numerics import cpu_model
 from structinit.pipeline.build import build_model
 from structinit.pipeline.cells import main_cell, parse_init
 from structinit.reporting.budget import budget_finals, converged_budget, doubling_moves
+from structinit.reporting.curves import read_run
 from structinit.reporting import stats
 from structinit.reporting.presentation import init_label
 from structinit.training.common import compute_dtype, default_device
 
 ARMS = ["kaiming_uniform", "trunc_normal", "mimetic", "mimetic_qk", "impulse3", "impulse5"]
 STACKINGS = ("cell", "all")
+PIPELINE = "pipeline"          # source of rows read from the pipeline's cells (--from-cells)
 
 
 def budget_config(train: dict, epochs: int, warmup_prefix: bool) -> dict:
@@ -72,7 +81,8 @@ def run_budget(data, rec: dict, arms: list[str], seeds: list[int], epochs: int, 
         dtype = compute_dtype(cfgs[0], default_device(), models[0])
         hists = train_models(models, data, cfgs, progress=False)
         rows += [{"dataset": "digits", "init": arm, "budget": epochs, "seed": seed, "epoch": h["epoch"],
-                  "test_acc": round(100 * h["test_acc"], 3), "cpu": cpu, "dtype": dtype, "stacking": stacking}
+                  "test_acc": round(100 * h["test_acc"], 3), "test_loss": h["test_loss"], "cpu": cpu, "dtype": dtype,
+                  "stacking": stacking, "source": "benchmark"}
                  for (arm, seed), hist in zip(pairs, hists) for h in hist if "test_acc" in h]
     return pd.DataFrame(rows)
 
@@ -93,6 +103,23 @@ def primary_by_budget(final: pd.DataFrame, a: str, b: str) -> list[list]:
     return rows
 
 
+def beyond_tolerance(final: pd.DataFrame, tolerance: float) -> str:
+    """Each move beyond the tolerance, paired by seed (an arm at one seed starts from the same
+    model at every budget): mean and 95 % interval, so a reader sees whether the move is larger
+    than the seeds' noise. The criterion itself judges the mean alone, as fixed."""
+    lines = []
+    for b, moves in doubling_moves(final).items():
+        for arm, m in moves.items():
+            if abs(m) <= tolerance:
+                continue
+            at = {x: dict(zip(g.seed, g.test_acc)) for x, g in final[final.init == arm].groupby("budget")}
+            d = stats.paired_difference(at[2 * b], at[b])
+            lines.append(f"- {init_label(arm)}, {b} → {2 * b}: {d.diff:+.2f} points "
+                         f"[{d.ci_low:+.2f}, {d.ci_high:+.2f}], n = {d.n} seeds, p = {d.p:.2g}")
+    return ("\nThe moves beyond the tolerance, paired by seed (mean, 95 % interval, paired t; the criterion "
+            "judges the mean alone):\n\n" + "\n".join(lines) + "\n") if lines else ""
+
+
 def doubling_table(final: pd.DataFrame, tolerance: float) -> list[list]:
     """One row per budget B whose double also ran: each arm's move, the largest, within?"""
     rows = []
@@ -107,12 +134,14 @@ def machines(curves: pd.DataFrame, cpu: str) -> str:
     """Where and how each budget ran: `cpu` when the file does not say (or every budget ran
     alike), else "budgets 40, 80: <cpu A>, stacking all; 320: <cpu B>, bf16, stacking cell"
     (another CPU runs other kernels, and another stacking other batched shapes, so their bytes
-    differ; a doubling across them compares across that too)."""
+    differ; a doubling across them compares across that too). A budget read from the
+    pipeline's cells (--from-cells) says so."""
     if "cpu" not in curves or curves.cpu.isna().all():
         return cpu
-    c = curves.assign(**{k: curves[k].fillna("") if k in curves else "" for k in ("dtype", "stacking")})
-    c["where"] = [", ".join(x for x in (str(w), str(d), f"stacking {st}" if st else "") if x)
-                  for w, d, st in zip(c.cpu, c.dtype, c.stacking)]
+    c = curves.assign(**{k: curves[k].fillna("") if k in curves else "" for k in ("dtype", "stacking", "source")})
+    c["where"] = [", ".join(x for x in (str(w), str(d), f"stacking {st}" if st else "",
+                                        "the pipeline's own runs (results/train)" if so == PIPELINE else "") if x)
+                  for w, d, st, so in zip(c.cpu, c.dtype, c.stacking, c.source)]
     by = c.groupby("where", sort=False).budget.unique()
     if len(by) == 1:
         return str(by.index[0])
@@ -120,12 +149,75 @@ def machines(curves: pd.DataFrame, cpu: str) -> str:
                      for w, b in by.items())
 
 
+def cells_curves(cells: Path, arms: list[str], seeds: list[int]) -> pd.DataFrame:
+    """The pipeline's own main-grid runs (`dvc repro`'s results/train/<cell>/seed<s>) as rows of
+    this file: their budget, each epoch they evaluated, the CPU, threads and dtype each run
+    logged beside its params, stacking "cell" (one cell's seeds stacked, as run_budget stacks
+    them), source "pipeline". FileNotFoundError naming the missing runs."""
+    missing = [f"{main_cell('digits', a)}/seed{s}" for a in arms for s in seeds
+               if not (cells / main_cell("digits", a) / f"seed{s}" / "metrics.json").exists()]
+    if missing:
+        raise FileNotFoundError(f"--from-cells: {cells} lacks {missing}: run `./run.sh repro` first, or "
+                                "pick --inits and --seeds among the main grid's")
+    rows = []
+    for arm in arms:
+        for seed in seeds:
+            folder = cells / main_cell("digits", arm) / f"seed{seed}"
+            logged = yaml.safe_load((folder / "params.yaml").read_text())
+            curve = read_run(folder).dropna(subset=["test_acc"])
+            rows += [{"dataset": "digits", "init": arm, "budget": int(logged["epochs"]), "seed": seed,
+                      "epoch": int(e), "test_acc": round(float(acc), 3), "test_loss": float(loss),
+                      "cpu": f"{logged.get('cpu', '?')}, {logged.get('cpu_threads', '?')} threads",
+                      "dtype": logged.get("compute_dtype", ""), "stacking": "cell", "source": PIPELINE}
+                     for e, acc, loss in zip(curve.epoch, curve.test_acc, curve.test_loss)]
+    return pd.DataFrame(rows)
+
+
+def with_source(curves: pd.DataFrame) -> pd.DataFrame:
+    """A file written before rows named their source: every row in it was trained here."""
+    return curves.assign(source=curves.source.fillna("benchmark") if "source" in curves else "benchmark")
+
+
+def with_cells(curves: pd.DataFrame | None, cells: Path, arms: list[str], seeds: list[int]) -> pd.DataFrame:
+    """`curves` with the pipeline's budget replaced by its cells' runs (--from-cells)."""
+    pipe = cells_curves(cells, arms, seeds)
+    if curves is None or curves.empty:
+        return pipe
+    return pd.concat([curves[~curves.budget.isin(set(pipe.budget))], pipe], ignore_index=True)
+
+
+def same_runs(here: pd.DataFrame, cells: pd.DataFrame, where: str) -> str:
+    """Runs trained here at the cells' budget against the cells' runs of the same arm and seed,
+    at every epoch both evaluated: identical when the test accuracy and, where both kept it, the
+    test loss (a full float: equal to the bit, or not) agree at each. One sentence."""
+    both = here.merge(cells, on=["init", "seed", "epoch"], suffixes=("", "_cells"))
+    runs = here.groupby(["init", "seed"]).ngroups
+    if both.empty:
+        return f"The {int(here.budget.iloc[0])}-epoch runs above share no evaluated epoch with the pipeline's cells."
+    loss = ("test_loss" in here and "test_loss" in cells and both.test_loss.notna().all()
+            and both.test_loss_cells.notna().all())
+    gap = both.assign(acc=(both.test_acc - both.test_acc_cells).abs(),
+                      loss=(both.test_loss - both.test_loss_cells).abs() if loss else 0.0)
+    per_run = gap.groupby(["init", "seed"])[["acc", "loss"]].max()
+    same = int(((per_run.acc == 0) & (per_run.loss == 0)).sum())
+    epochs = sorted(both.epoch.unique())
+    arms = ", ".join(f"{init_label(i)} seeds {sorted(int(x) for x in g.seed.unique())}"
+                     for i, g in here.groupby("init", sort=False))
+    return (f"The {int(here.budget.iloc[0])}-epoch runs above ({arms}) against the pipeline's own cells ({where}), "
+            f"at the {len(epochs)} epochs both evaluated ({', '.join(str(e) for e in epochs[:3])}, ..., {epochs[-1]}): "
+            f"{same} of {runs} runs identical in test accuracy" + (" and test loss (to the bit)" if loss else "")
+            + f"; the largest difference {per_run.acc.max():.3f} points"
+            + (f", {per_run.loss.max():.3g} in loss." if loss else "."))
+
+
 def pipeline_check(curves: pd.DataFrame, cells: Path, tolerance: float) -> str:
-    """The doubling of the pipeline's own budget measured on one machine: the default's cells
-    (`dvc repro`'s results/train/<cell>/seed<s>, the benchmark's seeds) at their budget B
-    against this file's 2B. Budgets run on different CPUs differ by those CPUs' kernels too;
-    where 2B ran on the pipeline's machine, this comparison has no such difference. "" when the
-    cells or the double are missing."""
+    """The benchmark against the pipeline's own cells (`dvc repro`'s results/train/<cell>/seed<s>,
+    this file's arms and seeds), where both ran:
+    - the cells' budget B trained here: the same runs? Every epoch both evaluated, compared
+      (the same trainer, stacking and CPU give the same bytes, so the same accuracies);
+    - 2B here, and B not taken from the cells: the doubling measured on the pipeline's machine,
+      whatever CPU ran the benchmark's B.
+    "" when the cells, or both comparisons, are missing."""
     final = budget_finals(curves)
     seeds = sorted(int(s) for s in final.seed.unique())
     arms = list(dict.fromkeys(final.init))
@@ -138,17 +230,26 @@ def pipeline_check(curves: pd.DataFrame, cells: Path, tolerance: float) -> str:
             ran[arm, seed] = (yaml.safe_load((folder / "params.yaml").read_text()),
                               100 * json.loads((folder / "metrics.json").read_text())["final_test_acc"])
     budget = {p["epochs"] for p, _ in ran.values()}
-    if len(budget) != 1 or 2 * (b := budget.pop()) not in set(final.budget):
+    if len(budget) != 1:
         return ""
-    where = {f"{p.get('cpu', '?')}, {p.get('cpu_threads', '?')} threads" for p, _ in ran.values()}
-    double = final[final.budget == 2 * b].groupby("init").test_acc.mean()
-    moves = {arm: double[arm] - statistics.mean(ran[arm, s][1] for s in seeds) for arm in arms}
-    worst = max(moves, key=lambda i: abs(moves[i]))
-    return (f"\nThe pipeline's own cells at {b} epochs (`dvc repro`, {cells}, seeds {seeds}; "
-            f"{'; '.join(sorted(where))}) against the {2 * b}-epoch runs above: "
-            + ", ".join(f"{init_label(i)} {m:+.2f}" for i, m in moves.items())
-            + f"; largest {init_label(worst)} {moves[worst]:+.2f}: "
-            + ("within" if abs(moves[worst]) <= tolerance else "NOT within") + f" {tolerance:g} point.\n")
+    b = budget.pop()
+    where = "; ".join(sorted({f"{p.get('cpu', '?')}, {p.get('cpu_threads', '?')} threads, "
+                              f"{p.get('compute_dtype', '?')}" for p, _ in ran.values()}))
+    source = curves.source.fillna("") if "source" in curves else pd.Series("", index=curves.index)
+    text = ""
+    here = curves[(curves.budget == b) & (source != PIPELINE)]
+    if not here.empty:
+        text += "\n" + same_runs(here, cells_curves(cells, arms, seeds), f"{cells}; {where}") + "\n"
+    if 2 * b in set(final.budget) and not ((curves.budget == b) & (source == PIPELINE)).any():
+        double = final[final.budget == 2 * b].groupby("init").test_acc.mean()
+        moves = {arm: double[arm] - statistics.mean(ran[arm, s][1] for s in seeds) for arm in arms}
+        worst = max(moves, key=lambda i: abs(moves[i]))
+        text += (f"\nThe pipeline's own cells at {b} epochs (`dvc repro`, {cells}, seeds {seeds}; {where}) "
+                 f"against the {2 * b}-epoch runs above: "
+                 + ", ".join(f"{init_label(i)} {m:+.2f}" for i, m in moves.items())
+                 + f"; largest {init_label(worst)} {moves[worst]:+.2f}: "
+                 + ("within" if abs(moves[worst]) <= tolerance else "NOT within") + f" {tolerance:g} point.\n")
+    return text
 
 
 def report(curves: pd.DataFrame, tolerance: float, seeds: list[int], warmup_prefix: bool, cpu: str,
@@ -180,11 +281,13 @@ def report(curves: pd.DataFrame, tolerance: float, seeds: list[int], warmup_pref
                              disable_numparse=True) + "\n")
     verdict = (f"**Converged budget: {chosen} epochs** (the smallest budget whose double moves no arm's "
                f"mean by more than {tolerance:g} point)." if chosen is not None else
-               f"**No budget here is converged** by the criterion (no doubling within {tolerance:g} point).")
+               f"**No budget here is converged** by the criterion (no doubling within {tolerance:g} point)."
+               if rows else "No budget here has its double, so the criterion judges none.")
     return (f"#### Epoch budget on digits (`python -m benchmarks.epochs`)\n\n"
             f"Final-epoch test accuracy (%), mean ± std over seeds {seeds} (n = {len(seeds)}); each budget a "
             f"complete run (warm-up 5 % of it, cosine to its end, warmup_prefix {warmup_prefix}); "
-            f"{machines(curves, cpu)}.\n\n{table}\n\nDoubling the budget:\n\n{moves}\n\n{verdict}\n"
+            f"{machines(curves, cpu)}.\n\n{table}\n\nDoubling the budget:\n\n{moves}\n"
+            f"{beyond_tolerance(final, tolerance)}\n{verdict}\n"
             f"{contrast}{pipeline}\n"
             f"Test accuracy during the {budgets[-1]}-epoch runs (mean over seeds):\n\n{during}\n")
 
@@ -192,7 +295,8 @@ def report(curves: pd.DataFrame, tolerance: float, seeds: list[int], warmup_pref
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--budgets", type=int, nargs="+", default=[40, 80, 160, 320])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--seeds", type=int, nargs="+",
+                    help="default: the main grid's (grid.seeds), stacked per arm as its cells are")
     ap.add_argument("--inits", nargs="+", default=ARMS)
     ap.add_argument("--warmup-prefix", action="store_true", help="cosine from the end of warm-up (not the paper's)")
     ap.add_argument("--tolerance", type=float, default=1.0, help="points a doubling may move an arm's mean")
@@ -200,21 +304,44 @@ def main():
     ap.add_argument("--add", action="store_true",
                     help="keep <out>.csv's other budgets (same seeds) and add or replace these")
     ap.add_argument("--report-only", action="store_true",
-                    help="train nothing: rewrite <out>.md from <out>.csv (this machine's CPU named)")
+                    help="train nothing: rewrite <out>.md from <out>.csv (this machine's CPU named where the "
+                         "file names none); with --from-cells, <out>.csv too")
     ap.add_argument("--stacking", choices=STACKINGS, default="cell",
                     help="cell: each arm's seeds stacked together, as the pipeline's cells (default); "
                          "all: every arm and seed in one run")
     ap.add_argument("--cells", type=Path, default=Path("results/train"),
-                    help="the pipeline's main-grid cells: their budget against its double here, "
-                         "when both ran (see pipeline_check)")
+                    help="the pipeline's main-grid cells: compared with the runs here at their budget and "
+                         "its double (see pipeline_check)")
+    ap.add_argument("--from-cells", action="store_true",
+                    help="take the cells' own budget (recipes.digits.train.epochs when they ran) from --cells "
+                         "instead of training it: the pipeline's own runs")
     a = ap.parse_args()
     here = f"{cpu_model()}, {torch.get_num_threads()} threads"
     with open("params.yaml") as f:
         params = yaml.safe_load(f)
+    a.seeds = a.seeds or params["grid"]["seeds"]
+    if unknown := sorted(set(a.inits) - set(ARMS)):
+        ap.error(f"--inits {unknown}: not main-grid arms; choose among {ARMS}")
+    if a.from_cells and not a.report_only:
+        try:                                         # missing cells: said before any training
+            cells_budget = int(cells_curves(a.cells, a.inits, a.seeds).budget.iloc[0])
+        except FileNotFoundError as e:
+            ap.error(str(e))
+        if cells_budget in a.budgets:
+            ap.error(f"--budgets {a.budgets} --from-cells: {cells_budget} is the cells' budget, read from "
+                     f"{a.cells}; train it here without --from-cells")
     primary = tuple(x.strip().replace("ours", f"impulse{params['init']['kernel']}")
                     for x in params["contrasts"]["primary"].split(" vs "))
     if a.report_only:
         curves = pd.read_csv(f"{a.out}.csv")
+        if a.from_cells:
+            try:
+                curves = with_cells(with_source(curves), a.cells, list(dict.fromkeys(curves.init)),
+                                    sorted(int(x) for x in set(curves.seed)))
+            except FileNotFoundError as e:
+                ap.error(str(e))
+            curves = curves.sort_values("budget", kind="stable").reset_index(drop=True)
+            curves.to_csv(f"{a.out}.csv", index=False)
         text = report(curves, a.tolerance, sorted(curves.seed.unique().tolist()), a.warmup_prefix, here,
                       pipeline_check(curves, a.cells, a.tolerance), primary)
         Path(f"{a.out}.md").write_text(text)
@@ -227,11 +354,11 @@ def main():
     frames = []
     if a.add and Path(f"{a.out}.csv").exists():
         kept = pd.read_csv(f"{a.out}.csv")
-        kept = kept[~kept.budget.isin(a.budgets)]
+        kept = with_source(kept[~kept.budget.isin(a.budgets)])
         if "cpu" not in kept:
             ap.error(f"--add: {a.out}.csv does not say which CPU its budgets ran on (no cpu column); "
                      "add one naming that machine, or re-run every budget here")
-        if set(kept.seed) - set(a.seeds) or set(kept.init) - set(a.inits):
+        if set(kept.seed) != set(a.seeds) or set(kept.init) != set(a.inits):
             ap.error(f"--add: {a.out}.csv holds seeds {sorted(set(kept.seed))} and arms "
                      f"{sorted(set(kept.init))}; add budgets with the same --seeds and --inits")
         frames.append(kept)
@@ -244,6 +371,8 @@ def main():
         # Saved as each budget ends: an interrupted run keeps the budgets it finished.
         pd.concat(frames, ignore_index=True).to_csv(f"{a.out}.partial.csv", index=False)
     curves = pd.concat(frames, ignore_index=True)
+    if a.from_cells:
+        curves = with_cells(curves, a.cells, a.inits, a.seeds)
     curves = curves.sort_values("budget", kind="stable").reset_index(drop=True)
     text = report(curves, a.tolerance, a.seeds, a.warmup_prefix, here, pipeline_check(curves, a.cells, a.tolerance),
                   primary)

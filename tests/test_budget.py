@@ -71,6 +71,9 @@ def test_benchmark_report_names_the_converged_budget_and_keeps_its_table_narrow(
     text = report(curves(), 1.0, [0, 1, 2], False, "test CPU")
     assert "**Converged budget: 160 epochs**" in text
     assert "160 → 320" in text and "80 → 160" in text
+    assert "**No budget here is converged**" in report(curves(), 0.1, [0, 1, 2], False, "test CPU")
+    one = curves()[lambda c: c.budget == 160]
+    assert "No budget here has its double, so the criterion judges none." in report(one, 1.0, [0, 1, 2], False, "x")
     during = text.split("Test accuracy during the 320-epoch runs")[1]
     header = next(line for line in during.split("\n") if line.startswith("| init"))
     assert header.count("|") - 2 <= 17 and "320" in header            # ≤ 16 epochs + the last, plus "init"
@@ -92,25 +95,17 @@ def test_benchmark_report_names_the_machine_of_each_budget():
 def test_pipeline_cells_checked_against_the_benchmarks_double(tmp_path):
     """The default's own cells (results/train) at their budget against the benchmark's double:
     the doubling measured on the pipeline's own machine, whatever CPU ran the benchmark's B."""
-    import json
-
-    import yaml
-
     from benchmarks.epochs import pipeline_check
 
     c = curves()
     assert pipeline_check(c, tmp_path, 1.0) == ""                        # no cells: nothing said
-    for init, by_budget in MEANS.items():
-        for seed in (0, 1, 2):
-            folder = tmp_path / f"digits-{init}" / f"seed{seed}"
-            folder.mkdir(parents=True)
-            # the pipeline's 160 sits 0.8 below the benchmark's 320 for trunc_normal, 0.2 for the others
-            acc = by_budget[320] - (0.8 if init == "trunc_normal" else 0.2)
-            (folder / "metrics.json").write_text(json.dumps({"final_test_acc": acc / 100}))
-            (folder / "params.yaml").write_text(yaml.safe_dump({"epochs": 160, "cpu": "AMD", "cpu_threads": 2}))
+    # the pipeline's 160 sits 0.8 below the benchmark's 320 for trunc_normal, 0.2 for the others
+    _cells(tmp_path, {(init, seed): by_budget[320] - (0.8 if init == "trunc_normal" else 0.2)
+                      for init, by_budget in MEANS.items() for seed in (0, 1, 2)})
     text = pipeline_check(c, tmp_path, 1.0)
     assert "cells at 160 epochs" in text and "AMD, 2 threads" in text and "320-epoch runs" in text
     assert "largest Trunc Normal +0.80: within 1 point" in text
+    assert "0 of 9 runs identical in test accuracy;" in text        # the benchmark's own 160: other runs
     assert "NOT within 0.5 point" in pipeline_check(c, tmp_path, 0.5)
     assert "Trunc Normal +0.80" in report(c, 1.0, [0, 1, 2], False, "x", pipeline_check(c, tmp_path, 1.0))
 
@@ -162,3 +157,157 @@ def test_a_budget_runs_each_arm_s_seeds_stacked_as_the_pipeline_s_cells(digits):
     assert sorted(zip(cell.init, cell.seed)) == sorted(zip(everything.init, everything.seed))
     with pytest.raises(ValueError, match="stacking='seed'; choose one of"):
         run_budget(digits, rec, ["trunc_normal"], [0], 1, False, "cpu", "seed")
+
+
+def _cells(root, runs: dict, epochs: int = 160, every: int = 5, cpu: str = "AMD"):
+    """A pipeline's results/train: runs (init, seed) -> final accuracy (%); each run's dvclive
+    curves evaluated every `every` epochs, the test accuracy rising 0.01 per epoch to its final."""
+    import json
+
+    import yaml
+
+    for (init, seed), final in runs.items():
+        folder = root / f"digits-{init}" / f"seed{seed}"
+        for split in ("train", "test"):
+            (folder / "plots/metrics" / split).mkdir(parents=True, exist_ok=True)
+            steps = range(epochs) if split == "train" else range(every - 1, epochs, every)
+            for name in ("acc", "loss"):
+                values = [(final - (epochs - 1 - s) * 0.01) / 100 if name == "acc" else 0.5 for s in steps]
+                (folder / "plots/metrics" / split / f"{name}.tsv").write_text(
+                    f"step\t{name}\n" + "".join(f"{s}\t{v!r}\n" for s, v in zip(steps, values)))
+        (folder / "metrics.json").write_text(json.dumps({"final_test_acc": final / 100}))
+        (folder / "params.yaml").write_text(yaml.safe_dump({"epochs": epochs, "cpu": cpu, "cpu_threads": 2,
+                                                            "compute_dtype": "bf16"}))
+    return root
+
+
+def test_the_pipeline_s_budget_read_from_its_cells(tmp_path):
+    """--from-cells: the cells' runs become the file's rows at their budget (every epoch they
+    evaluated, their CPU and dtype, source pipeline), replacing any trained there, and the report
+    names them as the pipeline's own runs."""
+    from benchmarks.epochs import cells_curves, machines, pipeline_check, with_cells
+
+    c = curves()
+    c["cpu"], c["dtype"], c["stacking"], c["source"] = "AMD, 2 threads", "bf16", "cell", "benchmark"
+    cells = _cells(tmp_path, {(i, s): 90.0 + s for i in MEANS for s in (0, 1, 2)})
+    rows = cells_curves(cells, list(MEANS), [0, 1, 2])
+    assert set(rows.budget) == {160} and set(rows.source) == {"pipeline"} and len(rows) == 3 * 3 * 32
+    assert rows[(rows.init == "mimetic") & (rows.seed == 2)].test_acc.iloc[-1] == 92.0
+    both = with_cells(c, cells, list(MEANS), [0, 1, 2])
+    assert set(both[both.budget == 160].source) == {"pipeline"} and set(both[both.budget != 160].source) == {
+        "benchmark"}
+    assert budget_finals(both)[lambda f: f.budget == 160].test_acc.mean() == pytest.approx(91.0)
+    assert machines(both, "x") == ("budgets 40, 80, 320: AMD, 2 threads, bf16, stacking cell; budget 160: AMD, "
+                                   "2 threads, bf16, stacking cell, the pipeline's own runs (results/train)")
+    # B came from the cells: the doubling table says what the cells-vs-2B sentence would; nothing more
+    assert pipeline_check(both, cells, 1.0) == ""
+    from benchmarks.epochs import with_source
+    older = with_source(curves().assign(source=None))                  # a file from before the column
+    assert set(older.source) == {"benchmark"} and set(with_source(both).source) == {"benchmark", "pipeline"}
+    assert set(with_source(curves()).source) == {"benchmark"}
+    with pytest.raises(FileNotFoundError, match=r"lacks \['digits-impulse5/seed0'\]"):
+        cells_curves(cells, ["impulse5"], [0])
+
+
+def test_the_benchmark_at_the_pipeline_s_budget_compared_with_its_cells(tmp_path):
+    """Trained here at the cells' budget: each run compared with its cell at every epoch both
+    evaluated; identical runs say so, a run off by one test image says how far."""
+    from benchmarks.epochs import cells_curves, pipeline_check
+
+    cells = _cells(tmp_path, {("impulse3", s): 95.0 + s for s in range(5)})
+    here = cells_curves(cells, ["impulse3"], list(range(5)))
+    here = here[here.epoch % 10 == 0].assign(source="benchmark")            # the benchmark evaluates every 10
+    text = pipeline_check(here, cells, 1.0)
+    assert ("(Imp.-3 seeds [0, 1, 2, 3, 4]) against the pipeline's own cells" in text and "at the 16 epochs both "
+            "evaluated (10, 20, 30, ..., 160): 5 of 5 runs identical in test accuracy and test loss (to the bit); "
+            "the largest difference 0.000 points, 0 in loss." in text)
+    off = here.copy()
+    off.loc[off.index[-1], "test_acc"] += 100 / 360                          # one test image
+    assert "4 of 5 runs identical in test accuracy and test loss (to the bit); the largest difference 0.278 " \
+        "points" in pipeline_check(off, cells, 1.0)
+    off = here.copy()
+    off.loc[off.index[3], "test_loss"] += 1e-15                             # the same accuracy, a last bit
+    assert "4 of 5 runs identical" in pipeline_check(off, cells, 1.0)
+    # a file without the loss (before it was kept) is compared on accuracy alone
+    assert "5 of 5 runs identical in test accuracy; the largest" in pipeline_check(here.drop(columns="test_loss"),
+                                                                                     cells, 1.0)
+    assert "share no evaluated epoch" in pipeline_check(here.assign(epoch=here.epoch + 1), cells, 1.0)
+
+
+def test_the_budget_panel_names_its_cpu():
+    from structinit.reporting.figures.main import budget_machines
+
+    f = budget_finals(curves())
+    assert budget_machines(f) == "CPU not recorded"
+    f["cpu"], f["dtype"] = "AMD EPYC, 2 threads", "bf16"
+    assert budget_machines(f) == "AMD EPYC, bf16"
+    f.loc[f.budget < 320, ["cpu", "dtype"]] = ["Intel(R) Xeon(R) Processor, 2 threads", None]
+    assert budget_machines(f) == "2 CPUs/dtypes: AMD EPYC, bf16; Intel(R) Xeon(R) Processor, ?"
+
+
+def _bench(tmp_path, *args):
+    """python -m benchmarks.epochs in tmp_path (a copy of params.yaml, cells in tmp_path/cells)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    shutil.copy(repo / "params.yaml", tmp_path / "params.yaml")
+    return subprocess.run([sys.executable, "-m", "benchmarks.epochs", "--cells", str(tmp_path / "cells"),
+                           "--out", str(tmp_path / "e"), *args], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(repo)}, timeout=300)
+
+
+def test_from_cells_refuses_a_budget_it_reads_and_a_mixed_file_before_training(tmp_path):
+    """--from-cells with the cells' own budget in --budgets, cells missing, an unknown arm, or
+    --add onto a file of other seeds: an error naming it, before anything trains."""
+    _cells(tmp_path / "cells", {(i, s): 90.0 for i in ("impulse3", "trunc_normal") for s in (0, 1, 2)})
+    arms = ["--inits", "impulse3", "trunc_normal"]
+    r = _bench(tmp_path, *arms, "--seeds", "0", "1", "2", "--budgets", "80", "160", "--from-cells")
+    assert r.returncode == 2 and "160 is the cells' budget" in r.stderr
+    r = _bench(tmp_path, *arms, "--budgets", "80", "--from-cells", "--seeds", "0", "1", "2", "3")
+    assert r.returncode == 2 and "lacks ['digits-impulse3/seed3', 'digits-trunc_normal/seed3']" in r.stderr
+    r = _bench(tmp_path, "--budgets", "80", "--inits", "impulse7")
+    assert r.returncode == 2 and "--inits ['impulse7']: not main-grid arms" in r.stderr
+    assert not (tmp_path / "e.csv").exists()
+    c = curves(means={i: MEANS[i] for i in ("impulse3", "trunc_normal")}).assign(cpu="AMD, 2 threads")
+    c.to_csv(tmp_path / "e.csv", index=False)                     # seeds 0-2; the default is the grid's 0-4
+    r = _bench(tmp_path, *arms, "--budgets", "640", "--add")
+    assert r.returncode == 2 and "holds seeds [0, 1, 2]" in r.stderr
+
+
+def test_report_only_from_cells_writes_the_file_with_the_pipeline_s_budget(tmp_path):
+    """The command that makes the committed file from budgets trained here (a file from before
+    rows named their source) and the cells: 160 replaced by the cells' runs, in budget order,
+    and the report names them."""
+    _cells(tmp_path / "cells", {(i, s): 90.0 + s for i in ("impulse3", "trunc_normal") for s in (0, 1, 2)})
+    c = curves(means={i: MEANS[i] for i in ("impulse3", "trunc_normal")}).assign(cpu="AMD, 2 threads")
+    c.to_csv(tmp_path / "e.csv", index=False)
+    r = _bench(tmp_path, "--report-only", "--from-cells")
+    assert r.returncode == 0, r.stderr
+    out = pd.read_csv(tmp_path / "e.csv")
+    assert list(dict.fromkeys(out.budget)) == [40, 80, 160, 320]
+    assert set(out[out.budget == 160].source) == {"pipeline"} and set(out[out.budget != 160].source) == {"benchmark"}
+    assert budget_finals(out)[lambda f: f.budget == 160].test_acc.mean() == pytest.approx(91.0)
+    text = (tmp_path / "e.md").read_text()
+    assert "budget 160: AMD, 2 threads, bf16, stacking cell, the pipeline's own runs (results/train)" in text
+    r = _bench(tmp_path, "--report-only", "--from-cells", "--cells", str(tmp_path / "none"))
+    assert r.returncode == 2 and "lacks" in r.stderr
+
+
+def test_moves_beyond_the_tolerance_are_given_paired_by_seed():
+    """The arms whose doubling moves the mean by more than the tolerance, each with its move
+    paired by seed (same seed, same initial model at both budgets) and a 95 % interval."""
+    from benchmarks.epochs import beyond_tolerance
+
+    rows = [{"init": i, "budget": b, "seed": s, "epoch": b, "test_acc": acc}
+            for i, b, accs in [("impulse3", 160, [94.0, 95.0, 96.0]), ("impulse3", 320, [96.0, 96.5, 96.5]),
+                               ("mimetic", 160, [96.0, 96.5, 97.0]), ("mimetic", 320, [96.5, 96.5, 96.5])]
+            for s, acc in enumerate(accs)]
+    text = beyond_tolerance(budget_finals(pd.DataFrame(rows)), 1.0)
+    # impulse3's paired moves +2.0, +1.5, +0.5: mean +1.33, sd 0.764, t(2) half-width 4.303 * 0.764 / sqrt 3
+    assert "- Imp.-3, 160 → 320: +1.33 points [-0.56, +3.23], n = 3 seeds, p = 0.094" in text
+    assert "Mimetic" not in text                                        # moved 0.00: within
+    assert beyond_tolerance(budget_finals(pd.DataFrame(rows)), 2.0) == ""

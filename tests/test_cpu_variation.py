@@ -51,12 +51,12 @@ def test_moves_are_per_seed_in_points_and_images_and_a_cell_beyond_tolerance_is_
 def test_the_committed_runs_against_the_epoch_benchmark_s_other_cpu(tmp_path):
     """On the repository itself: every row pairs a committed run with the epoch benchmark's run
     of the same initializer and seed at the recipe's budget."""
-    runs = paired_runs(REPO, REPO / "benchmarks/epochs.csv", "digits", 160)
+    runs = paired_runs(REPO, REPO / "benchmarks/epochs_intel.csv", "digits", 160)
     assert len(runs) >= 6 and (runs.other_cpu != runs.here_cpu).all()
     row = runs.iloc[0]
     metrics = json.loads((REPO / f"results/train/digits-{row.init}/seed{row.seed}/metrics.json").read_text())
     assert abs(row.here - 100 * metrics["final_test_acc"]) < 1e-9
-    assert "beyond verify's tolerance" in cpu_variation(REPO, REPO / "benchmarks/epochs.csv")
+    assert "beyond verify's tolerance" in cpu_variation(REPO, REPO / "benchmarks/epochs_intel.csv")
 
 
 def test_runs_on_the_committed_run_s_own_cpu_are_not_moves_and_a_run_twice_is_refused(tmp_path):

@@ -5,7 +5,8 @@ the arms (the comparison is paired by seed: parallel lines = a consistent differ
 lines = one that the seeds do not agree on), the mean as a short bar, and the paper's number
 as a cross where the dataset is one of the paper's. Right, where the epoch benchmark ran on
 this dataset (benchmarks/epochs.csv): each arm's mean final accuracy against the epoch
-budget, the default's budget marked, so a reader sees what a shorter run would have said.
+budget, the default's budget marked, so a reader sees what a shorter run would have said; its
+title names the CPU and dtype the budgets ran with (several, if they differ).
 """
 from __future__ import annotations
 
@@ -65,11 +66,22 @@ def main_figure(runs: pd.DataFrame, dataset: str, inits: list[str], budgets: pd.
         ax.set_ylabel("final test accuracy (%)")
         seeds = budgets.seed.nunique()
         ax.set_title("mean final accuracy against the epoch budget\n"
-                     f"(benchmarks/epochs.py; n = {seeds} seeds, bars ± std)")
+                     f"(benchmarks/epochs.py; n = {seeds} seeds, bars ± std)\n{budget_machines(budgets)}",
+                     fontsize=9)
         ax.grid(alpha=0.3, linewidth=0.5)
         ax.legend(frameon=False, fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def budget_machines(budgets: pd.DataFrame) -> str:
+    """Where the panel's runs ran: "AMD EPYC, bf16" when one CPU and dtype ran every budget
+    (budgets from several CPUs compare kernels too, so the panel says so)."""
+    if "cpu" not in budgets or budgets.cpu.isna().all():
+        return "CPU not recorded"
+    dtype = budgets.dtype.fillna("?") if "dtype" in budgets else pd.Series("?", index=budgets.index)
+    where = sorted({f"{str(c).split(',')[0]}, {d}" for c, d in zip(budgets.cpu.fillna("CPU not recorded"), dtype)})
+    return where[0] if len(where) == 1 else f"{len(where)} CPUs/dtypes: " + "; ".join(where)
 
 
 def write_main_figures(runs: pd.DataFrame, datasets: list[str], inits: list[str], out_dir: str | Path,
