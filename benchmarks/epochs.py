@@ -286,8 +286,8 @@ def report(curves: pd.DataFrame, tolerance: float, seeds: list[int], warmup_pref
     return (f"#### Epoch budget on digits (`python -m benchmarks.epochs`)\n\n"
             f"Final-epoch test accuracy (%), mean ± std over seeds {seeds} (n = {len(seeds)}); each budget a "
             f"complete run (warm-up 5 % of it, cosine to its end, warmup_prefix {warmup_prefix}); "
-            f"{machines(curves, cpu)}.\n\n{table}\n\nDoubling the budget:\n\n{moves}\n"
-            f"{beyond_tolerance(final, tolerance)}\n{verdict}\n"
+            f"{machines(curves, cpu)}.\n\n{table}\n\n" + (f"Doubling the budget:\n\n{moves}\n" if rows else "")
+            + f"{beyond_tolerance(final, tolerance)}\n{verdict}\n"
             f"{contrast}{pipeline}\n"
             f"Test accuracy during the {budgets[-1]}-epoch runs (mean over seeds):\n\n{during}\n")
 
