@@ -1,10 +1,10 @@
 """How many epochs the paper's recipe needs on the embedded default (digits): the evidence
 behind `recipes.digits.train.epochs`.
 
-    python -m benchmarks.epochs --budgets 80 320 --from-cells   # the committed file (~100 min on 2 cores)
+    python -m benchmarks.epochs --budgets 80 320 --from-cells   # the committed file (~2 h on 2 cores)
     python -m benchmarks.epochs                                 # every budget trained here: 40 80 160 320
     python -m benchmarks.epochs --budgets 640 --add             # one budget more, keeping <out>.csv's others
-    python -m benchmarks.epochs --budgets 160 --inits impulse3 --out benchmarks/epochs_cells_check
+    python -m benchmarks.epochs --budgets 160 --inits impulse3 --out benchmarks/epochs_cells_check  # the check
 
 Trains the digits recipe of params.yaml (the paper's optimizer, eps, clipping, label
 smoothing, weight decay) at each epoch budget as a complete run: warm-up 5 % of the budget

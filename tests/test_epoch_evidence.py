@@ -1,0 +1,77 @@
+"""The committed epoch evidence (benchmarks/epochs.csv, .md) is what it says it is: one CPU,
+the pipeline's stacking and seeds, its 160-epoch row the pipeline's own cells, and the
+benchmark's trainer the pipeline's (benchmarks/epochs_cells_check.csv against results/train)."""
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from benchmarks.epochs import PIPELINE, cells_curves, pipeline_check, report
+from structinit.reporting.budget import budget_finals
+
+REPO = Path(__file__).resolve().parents[1]
+CELLS = REPO / "results/train"
+PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def committed_cells():
+    """These files describe the committed run's cells: after a re-run (another CPU's bytes in
+    results/train, uncommitted) there is nothing here to check."""
+    changed = subprocess.run(["git", "status", "--porcelain", "--", "results/train"], cwd=REPO,
+                             capture_output=True, text=True).stdout
+    if changed.strip():
+        pytest.skip("results/train differs from the committed cells (a re-run): the evidence describes those")
+
+
+@pytest.fixture(scope="module")
+def evidence() -> pd.DataFrame:
+    return pd.read_csv(REPO / "benchmarks/epochs.csv")
+
+
+def test_every_budget_ran_on_the_committed_run_s_cpu_dtype_and_stacking(evidence):
+    logged = {(p["cpu"], p["cpu_threads"], p["compute_dtype"]) for p in
+              (yaml.safe_load(f.read_text()) for f in CELLS.glob("digits-*/seed*/params.yaml"))}
+    assert len(logged) == 1
+    cpu, threads, dtype = logged.pop()
+    assert set(evidence.cpu) == {f"{cpu}, {threads} threads"} and set(evidence.dtype) == {dtype}
+    assert set(evidence.stacking) == {"cell"}
+    assert sorted(set(evidence.seed)) == PARAMS["grid"]["seeds"]
+    # every budget has every arm at every seed
+    finals = budget_finals(evidence)
+    assert (finals.groupby("budget").size() == len(set(finals.init)) * len(PARAMS["grid"]["seeds"])).all()
+
+
+def test_the_recipe_s_budget_is_the_pipeline_s_own_cells(evidence):
+    epochs = PARAMS["recipes"]["digits"]["train"]["epochs"]
+    here = evidence[evidence.budget == epochs]
+    assert set(here.source) == {PIPELINE} and set(evidence[evidence.budget != epochs].source) == {"benchmark"}
+    cells = cells_curves(CELLS, list(dict.fromkeys(here.init)), sorted(set(here.seed)))
+    merged = here.merge(cells, on=["init", "seed", "epoch"], suffixes=("", "_cells"), how="outer", indicator=True)
+    assert (merged._merge == "both").all() and (merged.test_acc == merged.test_acc_cells).all()
+
+
+def test_the_benchmark_trains_what_the_pipeline_trained():
+    """benchmarks/epochs_cells_check.csv: the benchmark at the recipe's budget, its runs equal to
+    the cells' at every epoch both evaluated (the same accuracies to the 3 decimals kept)."""
+    check = pd.read_csv(REPO / "benchmarks/epochs_cells_check.csv")
+    assert set(check.source) == {"benchmark"}
+    cells = cells_curves(CELLS, list(dict.fromkeys(check.init)), sorted(set(check.seed)))
+    both = check.merge(cells, on=["init", "seed", "epoch"], suffixes=("", "_cells"))
+    runs = check.groupby(["init", "seed"]).ngroups
+    assert len(both) == len(check) and runs >= 5 and len(both) >= runs * 16
+    assert (both.test_acc == both.test_acc_cells).all() and (both.test_loss == both.test_loss_cells).all()
+    said = f"{runs} of {runs} runs identical in test accuracy and test loss (to the bit)"
+    assert said in pipeline_check(check, CELLS, 1.0)
+    assert said in (REPO / "benchmarks/epochs_cells_check.md").read_text()
+
+
+def test_the_committed_report_is_generated_from_the_committed_file(evidence):
+    params = PARAMS
+    primary = tuple(x.strip().replace("ours", f"impulse{params['init']['kernel']}")
+                    for x in params["contrasts"]["primary"].split(" vs "))
+    text = report(evidence, 1.0, sorted(set(evidence.seed)), False, "unused",
+                  pipeline_check(evidence, CELLS, 1.0), primary)
+    assert text == (REPO / "benchmarks/epochs.md").read_text()
