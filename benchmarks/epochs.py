@@ -178,10 +178,10 @@ def with_source(curves: pd.DataFrame) -> pd.DataFrame:
     return curves.assign(source=curves.source.fillna("benchmark") if "source" in curves else "benchmark")
 
 
-def with_cells(curves: pd.DataFrame | None, cells: Path, arms: list[str], seeds: list[int]) -> pd.DataFrame:
+def with_cells(curves: pd.DataFrame, cells: Path, arms: list[str], seeds: list[int]) -> pd.DataFrame:
     """`curves` with the pipeline's budget replaced by its cells' runs (--from-cells)."""
     pipe = cells_curves(cells, arms, seeds)
-    if curves is None or curves.empty:
+    if curves.empty:
         return pipe
     return pd.concat([curves[~curves.budget.isin(set(pipe.budget))], pipe], ignore_index=True)
 
