@@ -31,7 +31,7 @@ from structinit.pipeline.cells import parse_init, run_name, seed_dir
 from structinit.training.config import TrainConfig
 from structinit.distributed import DistributedContext, relaunch_under_torchrun, requested_micro_batch
 from structinit.training.steps import match_steps, steps_per_epoch, total_steps
-from structinit.training.common import code_fingerprint, default_device
+from structinit.training.common import code_fingerprint, default_device, precision_note
 from structinit.training.trainer import compute_dtype, train_models
 
 
@@ -144,7 +144,9 @@ def main(module: str = "stages.train", load_data=None, train_cell=None):
     fingerprints = [cell_fingerprint(r, subset, code) for r in records]
     device = DistributedContext.from_env().device()      # the one the trainer will pick
     # what the cell computed with: logged beside its params, shown in the reports' "What ran"
-    ran_with = {"compute_dtype": compute_dtype(cfgs[0], device, models[0]), "device": device.type,
+    dtype = compute_dtype(cfgs[0], device, models[0])
+    note = precision_note(cfgs[0], device, dtype)            # why fp32 on an older GPU
+    ran_with = {"compute_dtype": dtype, "device": device.type, **({"precision_note": note} if note else {}),
                 "versions": package_versions(), "micro_batch": requested_micro_batch(),
                 **({"cpu": (n := numerics_record())["cpu"], "cpu_threads": n["threads"]}
                    if device.type == "cpu" else {})}
@@ -178,7 +180,8 @@ def main(module: str = "stages.train", load_data=None, train_cell=None):
             "solve_seconds": record.get("solve_seconds"),
             "epochs": [{k: h[k] for k in ("epoch", "train_seconds", "seconds", "images_per_s")}
                        for h in history]})
-        save_torch(seed_dir(a.model_out, seed).with_suffix(".pt"), model.state_dict())
+        # on the CPU: weights written from a GPU must load on a machine without one
+        save_torch(seed_dir(a.model_out, seed).with_suffix(".pt"), {k: v.cpu() for k, v in model.state_dict().items()})
         seed_dir(ckpt_dir, seed).with_suffix(".pt").unlink(missing_ok=True)    # streamed cells' checkpoints
         print(f"{run_name(cell, seed)}: final test acc {history[-1]['test_acc']:.4f}")
     (ckpt_dir / "checkpoint.pt").unlink(missing_ok=True)

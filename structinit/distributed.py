@@ -7,6 +7,11 @@ A stage asks for N processes with the environment variable STRUCTINIT_NPROC=N, n
 flag: the process count is how a cell is run, not what it computes, so it must stay out of
 the stage's command and params (DVC would otherwise count an 8-GPU run and a 1-GPU run as two
 different cells). `relaunch_under_torchrun` then re-starts the stage under torchrun.
+
+Which device and backend a process gets is `plan_devices`: one GPU per process and NCCL where
+this machine has a GPU for every process on it, the CPU and gloo where torch sees no GPU, and
+a refusal in between (rank 1 of two processes on a one-GPU machine has no cuda:1). To run
+several processes on the CPU of a machine with GPUs, hide them: CUDA_VISIBLE_DEVICES= .
 """
 from __future__ import annotations
 
@@ -59,10 +64,7 @@ def relaunch_under_torchrun(module: str, argv: list[str], environ=os.environ) ->
     n = requested_processes(environ)
     if n == 1 or under_torchrun(environ):
         return None
-    gpus = torch.cuda.device_count()
-    if gpus and n > gpus:
-        raise ConfigError(f"{NPROC_VAR}={n}: this machine has {gpus} visible GPU(s); ask for at most {gpus} "
-                          "processes (one per GPU)")
+    plan_devices(n, local_rank=0)             # too few GPUs: refused here, before torchrun starts n processes
     import shlex
     import subprocess
 
@@ -70,6 +72,34 @@ def relaunch_under_torchrun(module: str, argv: list[str], environ=os.environ) ->
            "-m", module, *argv]
     print(f"{NPROC_VAR}={n}: running under torchrun: {shlex.join(cmd)}", flush=True)
     return subprocess.call(cmd)
+
+
+def visible_gpus() -> int:
+    """The GPUs this process may use (CUDA_VISIBLE_DEVICES counts); 0 without a usable CUDA."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class DevicePlan:
+    backend: str                # the process group's: "nccl" between GPUs, "gloo" on the CPU
+    device: torch.device        # this process's
+
+
+def plan_devices(processes: int, local_rank: int, gpus: int | None = None) -> DevicePlan:
+    """Backend and device of process `local_rank` of the `processes` on this machine: a GPU of
+    its own (cuda:<local_rank>) and NCCL when there are at least as many visible GPUs as
+    processes; the CPU and gloo when there are none. Fewer GPUs than processes (but some) is
+    refused: two processes on one GPU is not what NCCL runs, and silently putting some ranks
+    on the CPU would make one run train on two kinds of device. gpus: visible_gpus() unless given."""
+    gpus = visible_gpus() if gpus is None else gpus
+    if gpus == 0:
+        return DevicePlan("gloo", torch.device("cpu"))
+    if gpus < processes:
+        raise ConfigError(f"{processes} processes on this machine but {gpus} visible GPU(s): NCCL needs one GPU "
+                          f"per process; ask for at most {gpus} ({NPROC_VAR}={gpus}), or run the {processes} "
+                          f"processes on the CPU with gloo by hiding the GPUs: CUDA_VISIBLE_DEVICES= "
+                          f"{NPROC_VAR}={processes} <command>")
+    return DevicePlan("nccl", torch.device("cuda", local_rank))
 
 
 def refuse_batchnorm(models, world_size: int) -> None:
@@ -87,12 +117,14 @@ class DistributedContext:
     world_size: int = 1
     rank: int = 0
     local_rank: int = 0
+    local_world_size: int | None = None      # processes on this machine (torchrun's); None: world_size
 
     @classmethod
     def from_env(cls, environ=os.environ) -> DistributedContext:
         """torchrun's variables; a plain process is rank 0 of 1."""
+        local = environ.get("LOCAL_WORLD_SIZE")
         return cls(int(environ.get("WORLD_SIZE", 1)), int(environ.get("RANK", 0)),
-                   int(environ.get("LOCAL_RANK", 0)))
+                   int(environ.get("LOCAL_RANK", 0)), int(local) if local else None)
 
     @property
     def is_main(self) -> bool:
@@ -102,17 +134,25 @@ class DistributedContext:
     def enabled(self) -> bool:
         return self.world_size > 1
 
+    def plan(self) -> DevicePlan:
+        """plan_devices for this process: a ConfigError when this machine has fewer GPUs (but
+        some) than processes."""
+        return plan_devices(self.local_world_size or self.world_size, self.local_rank)
+
     def device(self) -> torch.device:
-        """This process's GPU (by local rank), or the CPU when there is none."""
-        if torch.cuda.is_available():
-            torch.cuda.set_device(self.local_rank)
-            return torch.device("cuda", self.local_rank)
-        return torch.device("cpu")
+        """This process's GPU (by local rank), or the CPU when there is none (plan)."""
+        device = self.plan().device
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        return device
 
     def start(self) -> None:
         """Join the process group: NCCL between GPUs, gloo on CPU. No-op for one process."""
         if self.enabled and not dist.is_initialized():
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            plan = self.plan()           # too few GPUs: refused before any rank waits in the rendezvous
+            if plan.device.type == "cuda":
+                torch.cuda.set_device(plan.device)   # NCCL's barriers then use this rank's GPU, not GPU 0
+            dist.init_process_group(plan.backend)
 
     def stop(self) -> None:
         if self.enabled and dist.is_initialized():

@@ -37,7 +37,7 @@ def save_checked(path: str | Path, obj) -> None:
     save_torch(path, {CHECKSUM_KEY: content_digest(obj), "content": obj})
 
 
-def load_checked(path: str | Path, what: str, map_location=None):
+def load_checked(path: str | Path, what: str, map_location="cpu"):
     """The content of a save_checked file; CorruptFileError when it is truncated, corrupted,
     holds a pickled object, or its content does not match its checksum."""
     d = load_torch(path, what, map_location=map_location)
@@ -86,10 +86,12 @@ class MissingFileError(StructinitError, FileNotFoundError):
     """A file the pipeline needs is not there."""
 
 
-def load_torch(path: str | Path, what: str, map_location=None):
+def load_torch(path: str | Path, what: str, map_location="cpu"):
     """torch.load that never runs code: plain tensors, numbers, strings, lists and dicts only
     (weights_only=True). Anything else (a pickled object, a truncated or corrupted file) is a
-    CorruptFileError naming the file and `what` it should have been."""
+    CorruptFileError naming the file and `what` it should have been. map_location: where the
+    tensors go, the CPU by default, so a file written from a GPU loads on a machine without
+    one (torch would otherwise restore them on the device they were saved from)."""
     import pickle
 
     import torch

@@ -5,7 +5,13 @@ and save (rank 0) the weights and history.
     python tests/ddp_job.py ROOT OUT [--epochs N] [--stop-after E] [--checkpoint PATH]
 """
 import argparse
+import os
 import sys
+
+# The CPU always, before torch is imported: the tests compare one and two processes to float
+# noise in fp32, through gloo (a GPU would add its own numerics, and two processes on a
+# one-GPU machine are refused: distributed.plan_devices).
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 import torch
 

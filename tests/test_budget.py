@@ -255,9 +255,11 @@ def _bench(tmp_path, *args):
 
     repo = Path(__file__).resolve().parents[1]
     shutil.copy(repo / "params.yaml", tmp_path / "params.yaml")
+    # the repo first, and whatever PYTHONPATH already holds (where dependencies may come from)
+    path = os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH")) if p)
     return subprocess.run([sys.executable, "-m", "benchmarks.epochs", "--cells", str(tmp_path / "cells"),
                            "--out", str(tmp_path / "e"), *args], cwd=tmp_path, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(repo)}, timeout=300)
+                          env={**os.environ, "PYTHONPATH": path}, timeout=300)
 
 
 def test_from_cells_refuses_a_budget_it_reads_and_a_mixed_file_before_training(tmp_path):

@@ -30,7 +30,7 @@ for seed in (0, 1):
     models.append(build_model(rec["model"], data.spec))
     si.initialize(models[-1], "impulse", seed=seed, kernel=3)    # the closed-form solve included
 hists = si.train_models(models, data, [cfg, si.TrainConfig(**{**rec["train"], "epochs": 1, "eval_every": 1}, seed=1)],
-                        train_indices=torch.arange(512), progress=False)
+                        device="cpu", train_indices=torch.arange(512), progress=False)
 digest = hashlib.sha256()
 for m in models:
     for name, t in m.state_dict().items():
@@ -42,7 +42,8 @@ print(json.dumps({"digest": digest.hexdigest(), "dtype": compute_dtype(cfg, torc
 
 
 def _cell_digest() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != REMOVED_VAR}
+    # the CPU's promise (its kernels, its thread count): the GPU hidden as well as not asked for
+    env = {**{k: v for k, v in os.environ.items() if k != REMOVED_VAR}, "CUDA_VISIBLE_DEVICES": ""}
     r = subprocess.run([sys.executable, "-c", CELL], cwd=REPO, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -81,11 +82,22 @@ print("ok")
 
 @pytest.mark.parametrize("amp, native_bf16, device, expected", [
     ("auto", True, "cpu", "bf16"), ("auto", False, "cpu", "fp32"), ("auto", False, "cuda", "bf16"),
+    ("auto", True, "cuda-sm70", "fp32"), ("auto", True, "cuda-sm75", "fp32"), ("auto", True, "cuda-sm80", "bf16"),
     ("off", True, "cpu", "fp32"), ("off", True, "cuda", "fp32"), ("bf16", False, "cpu", "bf16")])
 def test_amp_auto_uses_bf16_where_the_hardware_has_it(monkeypatch, amp, native_bf16, device, expected):
+    """cuda: an H100 (9.0); cuda-smXY: a card of compute capability X.Y (V100 7.0, T4 7.5:
+    no native bf16, so fp32; A100 8.0: bf16)."""
     monkeypatch.setattr(train_module, "cpu_has_native_bf16", lambda: native_bf16)
+    device, _, sm = device.partition("-sm")
+    capability = (int(sm[0]), int(sm[1])) if sm else (9, 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "a test card")
     cfg = si.TrainConfig(amp=amp)
     assert train_module.compute_dtype(cfg, torch.device(device)) == expected
+    note = train_module.precision_note(cfg, torch.device(device), expected)
+    # an older card's fp32 is said in the log and the run's record; nothing to say otherwise
+    assert (f"compute capability {capability[0]}.{capability[1]}) has no native bf16" in note) == (
+        device == "cuda" and expected == "fp32" and amp == "auto"), note
     if device == "cpu":                          # the context the step runs in agrees
         with train_module.autocast(cfg, torch.device("cpu")):
             y = torch.nn.functional.linear(torch.randn(2, 3), torch.randn(4, 3))
@@ -96,6 +108,7 @@ def test_amp_auto_keeps_batchnorm_models_in_fp32_on_cpu(monkeypatch):
     """CPU batch norm takes no bf16 input with fp32 running statistics: such models (ConvMixer)
     train in fp32 there; on CUDA they keep bf16."""
     monkeypatch.setattr(train_module, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
     convmixer = si.create_convmixer(dim=16, depth=1, kernel_size=3, patch_size=2, num_classes=10, in_chans=1,
                                     filter_mode="learned", seed=0)
     cfg = si.TrainConfig()

@@ -205,8 +205,10 @@ def test_the_documented_params_pass_check_params(tmp_path):
     x, y = labelled_images(n=100, size=facts["image_size"], classes=facts["num_classes"])
     write_images(tmp_path / "datasets" / name, "train", x, y)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    # the repo first, and whatever PYTHONPATH already holds (where dependencies may come from)
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     r = subprocess.run([sys.executable, "-m", "stages.check_params", "--out", "checked"], cwd=tmp_path,
-                       env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True)
+                       env=dict(os.environ, PYTHONPATH=path), capture_output=True, text=True)
     assert r.returncode == 0 and (tmp_path / "checked").exists(), r.stderr
 
 

@@ -252,7 +252,8 @@ def test_check_params_refuses_a_bad_file_of_each_kind_in_one_line_per_problem(tm
     """What `dvc repro` runs first: the check_params stage, in a folder whose params.yaml has one
     bad value. Each is refused with status 1, one line per problem, no traceback, and nothing
     written (the stage every other stage depends on never produces its output)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    # the repo first, and whatever PYTHONPATH already holds (where dependencies may come from)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     cases = [b for b in BAD if b[0] in STAGE_CASES]
     assert len(cases) == len(STAGE_CASES)
     for name, mutate, fragments in cases:

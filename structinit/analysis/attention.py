@@ -30,10 +30,10 @@ class AttentionMaps:
         the grid, so every offset is compared on equal terms.
         """
         gh, gw = self.patch_grid
-        i, j = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
-        i, j = i.flatten(), j.flatten()                        # (N,)
-        m = torch.arange(-gh + 1, gh)[:, None, None]           # (2gh-1, 1, 1)
-        n = torch.arange(-gw + 1, gw)[None, :, None]           # (1, 2gw-1, 1)
+        # index tensors on the maps' device: a CPU index into CUDA maps is a device mismatch
+        i, j = _grid_positions(gh, gw, self.maps.device)       # (N,) each
+        m = torch.arange(-gh + 1, gh, device=i.device)[:, None, None]   # (2gh-1, 1, 1)
+        n = torch.arange(-gw + 1, gw, device=i.device)[None, :, None]   # (1, 2gw-1, 1)
         i2, j2 = i + m, j + n                                  # (2gh-1, 2gw-1, N)
         inside = (i2 >= 0) & (i2 < gh) & (j2 >= 0) & (j2 < gw)
         cols = (i2.clamp(0, gh - 1) * gw + j2.clamp(0, gw - 1))
@@ -45,9 +45,8 @@ class AttentionMaps:
         """(L, H): mean attention distance in patches, sum_j a_ij * ||p_i - p_j|| averaged over
         queries i (p = (row, col) on the patch grid). 0 = every query attends to itself; a
         head that is a pure shift by (m, n) gives sqrt(m^2 + n^2)."""
-        gh, gw = self.patch_grid
-        i, j = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
-        pos = torch.stack([i.flatten(), j.flatten()], -1).float()          # (N, 2)
+        i, j = _grid_positions(*self.patch_grid, self.maps.device)
+        pos = torch.stack([i, j], -1).float()                               # (N, 2)
         dist = torch.cdist(pos, pos)                                        # (N, N)
         return (self.maps * dist).sum(-1).mean(-1)
 
@@ -56,10 +55,14 @@ class AttentionMaps:
         if self.offsets is None:
             raise ValueError("no offsets known for this model: pass offsets= to attention_maps")
         gh, gw = self.patch_grid
-        prof = self.offset_mass()
-        return torch.tensor([[prof[l, h, m + gh - 1, n + gw - 1].item()
-                              for h, (m, n) in enumerate(layer)]
-                             for l, layer in enumerate(self.offsets)])
+        prof = self.offset_mass()                               # (L, H, 2gh-1, 2gw-1)
+        # one gather on the maps' device (no host read per head); offsets are host data
+        rows = [[m + gh - 1 for m, _ in layer] for layer in self.offsets]
+        cols = [[n + gw - 1 for _, n in layer] for layer in self.offsets]
+        at = lambda idx: torch.tensor(idx, device=prof.device)  # noqa: E731
+        L, H = prof.shape[:2]
+        return prof[torch.arange(L, device=prof.device)[:, None], torch.arange(H, device=prof.device)[None, :],
+                    at(rows), at(cols)]
 
 
 @torch.no_grad()
@@ -102,6 +105,12 @@ def eval_forward_with_hooks(model, images: torch.Tensor, register) -> None:
         model.train(was_training)
         for h in handles:
             h.remove()
+
+
+def _grid_positions(gh: int, gw: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, col) of each of the gh*gw tokens in raster order, on `device`: (N,), (N,)."""
+    i, j = torch.meshgrid(torch.arange(gh, device=device), torch.arange(gw, device=device), indexing="ij")
+    return i.flatten(), j.flatten()
 
 
 def _block_attention(attn, x: torch.Tensor) -> torch.Tensor:

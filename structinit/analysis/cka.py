@@ -16,13 +16,19 @@ from structinit.analysis.attention import eval_forward_with_hooks
 
 def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
     """x (n, p), y (n, q): rows are the same n inputs. ||Yc^T Xc||_F^2 / (||Xc^T Xc||_F ||Yc^T Yc||_F)."""
+    return float(_linear_cka(x, y))
+
+
+def _linear_cka(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """linear_cka as a 0-dim float64 tensor on the inputs' device: no host read, so a matrix
+    of them costs one transfer at its end, not one sync per pair."""
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"x has {x.shape[0]} rows, y {y.shape[0]}: both must be the same inputs")
     x = x.double() - x.double().mean(0)
     y = y.double() - y.double().mean(0)
     cross = (y.T @ x).square().sum()
     norm = (x.T @ x).square().sum().sqrt() * (y.T @ y).square().sum().sqrt()
-    return float(cross / norm) if norm > 0 else 0.0
+    return torch.where(norm > 0, cross / norm, torch.zeros_like(norm))
 
 
 @torch.no_grad()
@@ -35,5 +41,6 @@ def layer_representations(model, images: torch.Tensor) -> list[torch.Tensor]:
 
 
 def cka_matrix(reps_a: list[torch.Tensor], reps_b: list[torch.Tensor]) -> torch.Tensor:
-    """(len(reps_a), len(reps_b)): linear CKA between every layer of a and every layer of b."""
-    return torch.tensor([[linear_cka(a, b) for b in reps_b] for a in reps_a])
+    """(len(reps_a), len(reps_b)): linear CKA between every layer of a and every layer of b
+    (float32, on the representations' device)."""
+    return torch.stack([torch.stack([_linear_cka(a, b) for b in reps_b]) for a in reps_a]).float()

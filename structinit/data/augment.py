@@ -23,8 +23,6 @@ OPS = ("AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize", 
 GEOMETRIC = ("Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY")
 
 
-
-
 def _blend(img, other, factor):
     return (other + (img - other) * factor).clamp(0, 255)
 
@@ -32,14 +30,20 @@ def _blend(img, other, factor):
 def _gray(img):
     if img.shape[1] == 1:
         return img
-    w = torch.tensor([0.299, 0.587, 0.114], device=img.device, dtype=img.dtype).view(1, 3, 1, 1)
-    return (img * w).sum(1, keepdim=True)
+    # ITU-R 601 luma, as PIL's convert("L"). Weights as Python numbers, not a tensor built
+    # from a list: torch.tensor([...], device=cuda) is a host-to-device copy, a stream sync in
+    # every step.
+    r, g, b = img.unbind(1)
+    return (r * 0.299 + g * 0.587 + b * 0.114).unsqueeze(1)
 
 
 def _sharpen_source(img):
     """PIL's SMOOTH filter, borders left untouched."""
     c = img.shape[1]
-    k = torch.tensor([[1., 1., 1.], [1., 5., 1.], [1., 1., 1.]], device=img.device, dtype=img.dtype) / 13
+    # made on the device: a tensor from a list, or k[1, 1] = 5, would copy from the host
+    k = torch.ones(3, 3, device=img.device, dtype=img.dtype)
+    k[1, 1].fill_(5)
+    k = k / 13
     smooth = F.conv2d(img, k.expand(c, 1, 3, 3), padding=1, groups=c)
     out = img.clone()
     out[..., 1:-1, 1:-1] = smooth[..., 1:-1, 1:-1]

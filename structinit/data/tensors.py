@@ -9,6 +9,8 @@ The trainer keeps these tensors on the training device and augments batches ther
 """
 from __future__ import annotations
 
+import http.client
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -16,7 +18,13 @@ import numpy as np
 import torch
 
 from structinit.data.specs import STREAMED, DatasetSpec, get_spec
+from structinit.errors import StructinitError
 from structinit.io import CorruptFileError, load_checked, save_checked
+
+
+class DownloadError(StructinitError, OSError):
+    """A built-in dataset's file could not be fetched (no network, server down) or arrived
+    damaged. The message names each file to place by hand, the folder, its MD5 and its URL."""
 
 
 @dataclass
@@ -83,14 +91,52 @@ def prepare_dataset(name: str, root: str | Path = "data/raw", download: bool = T
     root = str(root)
     if name in ("cifar10", "cifar100"):
         cls = tvd.CIFAR10 if name == "cifar10" else tvd.CIFAR100
-        train, test = (cls(root, train=t, download=download) for t in (True, False))
+        splits = [{"train": True}, {"train": False}]
+        files = [(cls.url, cls.filename, cls.tgz_md5)]   # one archive: torchvision extracts it
         to_tensor = lambda ds: (torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous(),  # noqa: E731
                                 torch.tensor(ds.targets, dtype=torch.int64))
     else:  # svhn
-        train, test = (tvd.SVHN(root, split=s, download=download) for s in ("train", "test"))
+        cls = tvd.SVHN
+        splits = [{"split": "train"}, {"split": "test"}]
+        files = [tvd.SVHN.split_list[s["split"]] for s in splits]   # [url, filename, md5] each
         to_tensor = lambda ds: (torch.from_numpy(ds.data).contiguous(),  # noqa: E731
                                 torch.from_numpy(ds.labels.astype(np.int64)))
+    try:
+        train, test = (cls(root, download=download, **s) for s in splits)
+    except (OSError, http.client.HTTPException, RuntimeError) as e:
+        # Offline, torchvision ends in a chained urllib traceback that never says a file can be
+        # placed by hand; a damaged download in "File not found or corrupted.". Either way the
+        # cure is a file in root with torchvision's MD5: say which, one line (run_stage).
+        missing = _not_in_place(root, files) if download else []
+        if not missing:               # every file is there and intact: not a fetch problem
+            raise
+        raise _download_error(name, root, missing, e) from None
     return ImageData(spec, *to_tensor(train), *to_tensor(test))
+
+
+def _not_in_place(root: str, files) -> list[tuple[str, str, str, str | None]]:
+    """(url, filename, md5, md5 of the file there or None if absent) of each of `files` not in
+    `root` with torchvision's MD5."""
+    from torchvision.datasets.utils import calculate_md5
+
+    out = []
+    for url, filename, md5 in files:
+        path = os.path.join(os.path.expanduser(root), filename)
+        found = calculate_md5(path) if os.path.isfile(path) else None
+        if found != md5:
+            out.append((url, filename, md5, found))
+    return out
+
+
+def _download_error(name: str, root: str, missing, cause: BaseException) -> DownloadError:
+    folder = os.path.abspath(os.path.expanduser(root))
+    reason = " ".join(f"{type(cause).__name__}: {cause}".split())   # one line, whatever urllib says
+    each = "; ".join(f"{filename} (md5 {md5}, from {url}"
+                     + ("" if found is None else f"; the one there has md5 {found}: incomplete or another "
+                        "file, replace it") + ")"
+                     for url, filename, md5, found in missing)
+    return DownloadError(f"{name}: could not download its files ({reason}); place by hand in {folder}/: "
+                         f"{each}, then run again (docs/scaling-out.md)")
 
 
 def _digits(spec: DatasetSpec) -> ImageData:

@@ -28,7 +28,7 @@ shown by its name, so a label edit never touches what trains.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Set
+from collections.abc import MutableMapping, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -50,7 +50,41 @@ class Initializer:
     check: Callable | None = None   # check(model, **options): ValueError before any weight is set
 
 
-INITIALIZERS: dict[str, Initializer] = {}     # those registered so far (methods load on first use)
+_REGISTERED: dict[str, Initializer] = {}      # those registered so far (method files load on first use)
+
+
+class _Registry(MutableMapping):
+    """INITIALIZERS: every initializer by name, the method files' included, without the caller
+    importing anything first. A lookup (`name in`, `[name]`) loads that method's file alone, so
+    that a cell's code is its own initializer's file and no other's (common.code_fingerprint);
+    a listing (iterating, len) loads every method file."""
+    def __getitem__(self, name) -> Initializer:
+        _load(name)
+        return _REGISTERED[name]
+
+    def __contains__(self, name) -> bool:
+        _load(name)
+        return name in _REGISTERED
+
+    def __iter__(self):
+        for name in method_names():
+            _load(name)
+        return iter(list(_REGISTERED))        # a copy: a caller may unregister while iterating
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+    def __setitem__(self, name, init: Initializer) -> None:
+        _REGISTERED[name] = init
+
+    def __delitem__(self, name) -> None:      # a test's or a notebook's cleanup
+        del _REGISTERED[name]
+
+    def __repr__(self) -> str:
+        return f"INITIALIZERS{sorted(self)}"
+
+
+INITIALIZERS = _Registry()
 
 
 def register_initializer(name: str, *, options: tuple[str, ...] | Callable = (), takes_kernel: bool = False,
@@ -61,10 +95,12 @@ def register_initializer(name: str, *, options: tuple[str, ...] | Callable = (),
                          "(it becomes part of cell and stage names)")
 
     def add(apply: Callable) -> Callable:
-        if name in INITIALIZERS and INITIALIZERS[name].apply is not apply:
-            raise ValueError(f"initializer {name!r} is registered already ({INITIALIZERS[name].apply.__module__})")
-        INITIALIZERS[name] = Initializer(name, apply, options if callable(options) else tuple(options),
-                                         takes_kernel, check)
+        # _REGISTERED, not INITIALIZERS: this runs while a method file is imported, and a lookup
+        # in INITIALIZERS would try to load that file again
+        if name in _REGISTERED and _REGISTERED[name].apply is not apply:
+            raise ValueError(f"initializer {name!r} is registered already ({_REGISTERED[name].apply.__module__})")
+        _REGISTERED[name] = Initializer(name, apply, options if callable(options) else tuple(options),
+                                        takes_kernel, check)
         return apply
     return add
 
@@ -75,29 +111,36 @@ def method_names() -> list[str]:
 
 
 def available() -> list[str]:
-    """Every initializer `get_initializer` can return: the method files', and any registered
-    elsewhere in this process."""
-    return sorted(set(method_names()) | set(INITIALIZERS))
+    """Every initializer `get_initializer` can return: the method files' (listed, not loaded),
+    and any registered elsewhere in this process."""
+    return sorted(set(method_names()) | set(_REGISTERED))
+
+
+def _load(name) -> None:
+    """Import init/methods/<name>.py if `name` has such a file and is not registered yet."""
+    if (not isinstance(name, str) or name in _REGISTERED or not name.isidentifier()
+            or not (METHODS_DIR / f"{name}.py").exists()):
+        return
+    module = importlib.import_module(f"{METHODS_PACKAGE}.{name}")
+    if name not in _REGISTERED:             # imported before, then unregistered (a test's cleanup)
+        module = importlib.reload(module)
+    if name not in _REGISTERED:
+        raise ValueError(f"{module.__file__} registers no initializer {name!r}: a method file "
+                         f"registers the initializer it is named after (@register_initializer({name!r}))")
 
 
 def get_initializer(name: str) -> Initializer:
     """The initializer `name`: registered already, or loaded from init/methods/<name>.py."""
-    if name not in INITIALIZERS and name.isidentifier() and (METHODS_DIR / f"{name}.py").exists():
-        module = importlib.import_module(f"{METHODS_PACKAGE}.{name}")
-        if name not in INITIALIZERS:        # imported before, then unregistered (a test's cleanup)
-            module = importlib.reload(module)
-        if name not in INITIALIZERS:
-            raise ValueError(f"{module.__file__} registers no initializer {name!r}: a method file "
-                             f"registers the initializer it is named after (@register_initializer({name!r}))")
-    if name not in INITIALIZERS:
+    _load(name)
+    if name not in _REGISTERED:
         raise ValueError(f"unknown init method {name!r}; choose one of {available()}")
-    return INITIALIZERS[name]
+    return _REGISTERED[name]
 
 
-def load_all() -> dict[str, Initializer]:
+def load_all() -> MutableMapping[str, Initializer]:
     """Every method file's initializer loaded (for listings and checks; the trainer loads one)."""
     for name in method_names():
-        get_initializer(name)
+        _load(name)
     return INITIALIZERS
 
 

@@ -139,7 +139,7 @@ def _why_not(models: list[nn.Module]) -> str | None:
         for attr, t in own:
             if t.requires_grad:
                 return f"{name or 'model'}.{attr} ({type(m).__name__}) trains and has no batched form"
-            if any(not torch.equal(getattr(o, attr), t) for o in others):
+            if any(getattr(o, attr) is not t and not torch.equal(getattr(o, attr), t) for o in others):
                 return f"{name or 'model'}.{attr} is frozen but differs between the models"
     return None
 

@@ -84,18 +84,36 @@ cpu_has_native_bf16 = functools.cache(numerics.cpu_has_native_bf16)
 
 
 def compute_dtype(cfg: TrainConfig, device: torch.device, model: torch.nn.Module | None = None) -> str:
-    """What the step computes in: "bf16" (autocast) or "fp32". amp='auto': bf16 on CUDA (the
-    paper trains with mixed precision) and on CPUs with native bf16 instructions (AVX512-BF16
-    or AMX: 2x the digits trainer's fp32 rate on Zen 4, benchmarks/trainer_speed.py), unless
-    `model` has BatchNorm (the CPU kernel takes no bf16 input with fp32 statistics); fp32 on
-    other CPUs, where bf16 is emulated and slower than fp32. 'bf16' everywhere; 'off': fp32."""
+    """What the step computes in: "bf16" (autocast) or "fp32". amp='auto': bf16 on CUDA cards
+    from Ampere on (compute capability 8.0: the paper trains with mixed precision) and on CPUs
+    with native bf16 instructions (AVX512-BF16 or AMX: 2x the digits trainer's fp32 rate on
+    Zen 4, benchmarks/trainer_speed.py), unless `model` has BatchNorm (the CPU kernel takes no
+    bf16 input with fp32 statistics); fp32 on older cards (V100, T4: no native bf16, emulated
+    or refused by some kernels; fp16 would need a loss scaler the stacked step does not have)
+    and on other CPUs, where bf16 is emulated and slower than fp32. 'bf16' everywhere; 'off':
+    fp32. precision_note says why, for the log."""
     if cfg.amp == "auto":
         if device.type == "cuda":
-            return "bf16"
+            return "bf16" if cuda_has_native_bf16(device) else "fp32"
         has_batchnorm = model is not None and any(
             isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
         return "bf16" if device.type == "cpu" and cpu_has_native_bf16() and not has_batchnorm else "fp32"
     return "bf16" if cfg.amp == "bf16" else "fp32"
+
+
+def cuda_has_native_bf16(device: torch.device) -> bool:
+    """Compute capability 8.0 (Ampere) or newer: bf16 tensor cores."""
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def precision_note(cfg: TrainConfig, device: torch.device, dtype: str) -> str:
+    """Why amp='auto' chose fp32 on this GPU ("" when it did not, and on the CPU, whose rule
+    compute_dtype states): for the log and the run's record."""
+    if cfg.amp != "auto" or dtype != "fp32" or device.type != "cuda":
+        return ""
+    major, minor = torch.cuda.get_device_capability(device)
+    return (f"fp32: {torch.cuda.get_device_name(device)} (compute capability {major}.{minor}) has no native "
+            "bf16 (Ampere, 8.0, and newer do)")
 
 
 def resolve_amp(cfg: TrainConfig, device: torch.device,

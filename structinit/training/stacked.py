@@ -68,7 +68,7 @@ class StackedModels:
         # by hand. Frozen parameters (the fixed position encoding, frozen filters) get none.
         self.trainable_names = [k for k, v in params.items() if v.requires_grad]
         self.params = {k: v.detach() for k, v in params.items()}
-        self.base = copy.deepcopy(models[0]).to("meta")     # the architecture, without weights
+        self.base = _meta_copy(models[0])                   # the architecture, without weights
         self.base.train(models[0].training)
         self.choose_attention(self.params[next(iter(self.params))].device)
 
@@ -179,6 +179,17 @@ class StackedModels:
         would write the whole stacked storage."""
         tensors = {**self.params, **self.buffers}
         return {k: tensors[k][i].detach().clone() for k in self.state_keys}
+
+
+def _meta_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` with every parameter and buffer on the meta device, made without
+    copying their data (deepcopy-then-.to("meta") copies it first, and cannot move the fake
+    tensors the memory estimate runs on)."""
+    def meta(t):
+        m = torch.empty_like(t, device="meta")
+        return torch.nn.Parameter(m, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else m
+    memo = {id(t): meta(t) for t in [*model.parameters(), *model.buffers()]}
+    return copy.deepcopy(model, memo)
 
 
 def set_grads(params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor]) -> None:

@@ -30,7 +30,8 @@ from structinit.data.augment import rand_augment, random_hflip
 from structinit.data.tensors import ImageData
 from structinit.io import save_checked
 from structinit.training.common import (NonFiniteLossError, _decay_groups, autocast, checkpoint_fingerprint,
-                                        default_device, lr_at, resolve_amp, restore_checkpoint, schedule_steps)
+                                        default_device, lr_at, precision_note, resolve_amp, restore_checkpoint,
+                                        schedule_steps)
 from structinit.training.common import compute_dtype as compute_dtype   # re-exported: stages/train.py
 from structinit.config import RandAugmentPolicy
 from structinit.training.config import TrainConfig
@@ -153,8 +154,9 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
     if cfg.batch_size % ctx.world_size:
         raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {ctx.world_size} processes; "
                          "the global batch must split evenly")
+    refuse_batchnorm(models, ctx.world_size)         # before the device plan: the model's own refusal first
     device = torch.device(device) if device is not None else ctx.device() if ctx.enabled else default_device()
-    refuse_batchnorm(models, ctx.world_size)
+    note = precision_note(cfg, device, compute_dtype(cfg, device, models[0]))
     cfg, dtype = resolve_amp(cfg, device, models[0])                          # amp='auto' resolved, once
     seeds = [c.seed for c in cfgs]
     models = [m.to(device) for m in models]
@@ -201,10 +203,11 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
         where = f"{device} x {ctx.world_size} processes" if ctx.enabled else device
         way = "batched" if stack.batched is not None else "by vmap"
         print(f"training {len(models)} model(s) stacked ({way}) on {where} in {dtype}, "
-              f"epochs {start + 1}-{cfg.epochs}: {how} per step, {attention}")
+              f"epochs {start + 1}-{cfg.epochs}: {how} per step, {attention}" + (f" ({note})" if note else ""))
         fused = next((m.fused_attn for m in stack.base.modules() if hasattr(m, "fused_attn")), None)
         _announce_memory(models, augmentation.normalize(train_x[:8]), batch_size // ctx.world_size,
-                         micro_batch, dtype, device, data_bytes=train_x.nbytes + test_x.nbytes, fused_attention=fused)
+                         micro_batch, dtype, device, data_bytes=train_x.nbytes + test_x.nbytes, fused_attention=fused,
+                         test_images=len(test_y))
 
     # ---- the epochs: train, evaluate when due, log, checkpoint, report ----
     last_write = time.monotonic()
@@ -246,11 +249,12 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
 
 
 def _announce_memory(models, sample, batch: int, micro_batch: int | None, dtype: str, device: torch.device,
-                     data_bytes: int, fused_attention: bool | None = None) -> None:
+                     data_bytes: int, fused_attention: bool | None = None, test_images: int | None = None) -> None:
     """Print the cell's memory estimate (memory.py) before it trains; on a GPU, say whether it
     fits and which STRUCTINIT_MICRO_BATCH would (where micro-batches are the same step)."""
     estimate = estimate_training_memory(models, sample, batch=batch, micro_batch=micro_batch, dtype=dtype,
-                                        data_bytes=data_bytes, fused_attention=fused_attention)
+                                        data_bytes=data_bytes, fused_attention=fused_attention,
+                                        test_images=test_images, device_type=device.type)
     line = estimate.describe()
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
@@ -319,9 +323,19 @@ def loss_and_grads(stack: StackedModels, x: torch.Tensor, y: torch.Tensor, cfg: 
     return stack.loss_and_grads(x, y, objective, lambda: autocast(cfg, device))
 
 
-@torch.no_grad()
 def _evaluate_stacked(stack: StackedModels, images, labels, *, augmentation: BatchAugmentation,
                       cfg: TrainConfig, device: torch.device, batch_size: int = 1024) -> list[dict]:
+    loss_sum, correct = _evaluation_sums(stack, images, labels, augmentation=augmentation, cfg=cfg,
+                                         device=device, batch_size=batch_size)
+    n = len(labels)
+    return [{"test_loss": loss / n, "test_acc": c / n}          # the one host read, after the loop
+            for loss, c in zip(loss_sum.tolist(), correct.tolist())]
+
+
+@torch.no_grad()
+def _evaluation_sums(stack: StackedModels, images, labels, *, augmentation: BatchAugmentation, cfg: TrainConfig,
+                     device: torch.device, batch_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each model's summed test loss (N,) and correct count (N,), on the device."""
     stack.eval()
     loss_sum = torch.zeros(stack.n, device=device)
     correct = torch.zeros(stack.n, device=device, dtype=torch.long)
@@ -334,9 +348,7 @@ def _evaluate_stacked(stack: StackedModels, images, labels, *, augmentation: Bat
                                     reduction="none").view(y.shape).sum(1)
         correct += (logits.argmax(-1) == y).sum(1)
     stack.train()
-    n = len(labels)
-    return [{"test_loss": loss / n, "test_acc": c / n}
-            for loss, c in zip(loss_sum.tolist(), correct.tolist())]
+    return loss_sum, correct
 
 
 def _stop_if_nonfinite(first_bad_step: torch.Tensor, seeds: list[int], epoch: int,
@@ -356,18 +368,47 @@ def _train_epoch(stack: StackedModels, opt: torch.optim.Optimizer, step, train_x
                  cfg: TrainConfig, batch_size: int, device: torch.device, ctx: DistributedContext,
                  progress: bool) -> list[dict]:
     """One pass of every stacked model over the (shuffled) training set, each in its own
-    seed's order; no host sync until its end. step: gradient_step's (submit/collect)."""
+    seed's order; no host sync until its end (_epoch_steps runs on the device, the metrics
+    are read once after it). step: gradient_step's (submit/collect)."""
     t0 = time.perf_counter()
+    gens = [_epoch_generator(seed, epoch, device) for seed in seeds]
+    sums = _epoch_steps(stack, opt, step, train_x, train_y, augmentation, gens, seeds, epoch, cfg=cfg,
+                        batch_size=batch_size, device=device, ctx=ctx, progress=progress)
+    n_steps = steps_per_epoch(len(train_y), batch_size)
+    _stop_if_nonfinite(sums["first_bad_step"], seeds, epoch, n_steps)
+    loss_sum, correct = sums["loss_sum"], sums["correct"]
+    if ctx.enabled:
+        loss_sum, correct = ctx.sum(loss_sum), ctx.sum(correct)
+    if device.type == "cuda":
+        torch.cuda.synchronize()                      # so train_seconds is the real time
+    seen = n_steps * batch_size
+    lr = opt.param_groups[0]["lr"]
+    train_seconds = time.perf_counter() - t0
+    return [{"epoch": epoch + 1, "lr": lr, "train_loss": loss / seen, "train_acc": c / seen,
+             "seconds": train_seconds, "train_seconds": train_seconds,
+             "images_per_s": seen / train_seconds}
+            for loss, c in zip(loss_sum.tolist(), correct.tolist())]
+
+
+def _epoch_steps(stack: StackedModels, opt: torch.optim.Optimizer, step, train_x: torch.Tensor,
+                 train_y: torch.Tensor, augmentation: BatchAugmentation, gens: list[torch.Generator],
+                 seeds: list[int], epoch: int, *, cfg: TrainConfig, batch_size: int, device: torch.device,
+                 ctx: DistributedContext, progress: bool, steps: int | None = None) -> dict[str, torch.Tensor]:
+    """The device work of an epoch (or of its first `steps` steps): each model's batches drawn
+    from its generator in `gens`, augmented, stepped. Returns per-model sums on the device
+    (loss_sum, correct, first_bad_step: -1 or the first step whose loss or gradient was not
+    finite), read by the caller after the loop: on a GPU a read inside it would be a host sync
+    per step (tests/test_fake_cuda.py runs this on fake CUDA tensors)."""
     n_steps = steps_per_epoch(len(train_y), batch_size)      # drop the ragged tail: static shapes
     total_steps, warmup_steps = schedule_steps(cfg, n_steps)
-    gens = [_epoch_generator(seed, epoch, device) for seed in seeds]
     orders = [torch.randperm(len(train_y), device=device, generator=g) for g in gens]
     local_batch = batch_size // ctx.world_size
     local_rows = slice(ctx.rank * local_batch, (ctx.rank + 1) * local_batch)
+    run = n_steps if steps is None else min(steps, n_steps)
 
     def batch(i):
         """Each model's batch i, drawn from its own generator, in order, as it would be alone."""
-        if i == n_steps:
+        if i == run:
             return None
         rows = [order[i * batch_size:(i + 1) * batch_size] for order in orders]
         x = torch.stack([augmentation.augment(train_x[r], g) for r, g in zip(rows, gens)])  # (N, B, C, H, W)
@@ -379,12 +420,13 @@ def _train_epoch(stack: StackedModels, opt: torch.optim.Optimizer, step, train_x
     loss_sum = torch.zeros(stack.n, device=device)
     correct = torch.zeros(stack.n, device=device, dtype=torch.long)
     first_bad_step = torch.full((stack.n,), -1, device=device, dtype=torch.long)  # per model
-    # A NaN/inf loss ends the cell. On CPU a check per step costs nothing; on a GPU it would be
-    # a host sync per step, so there the device-side record is checked at the end of the epoch.
-    check_every = 1 if device.type == "cpu" else n_steps
+    # A NaN/inf loss ends the cell. On CPU a check per step costs nothing (and stops a
+    # diverged run at once); on a GPU it would be a host sync per step, so there the
+    # device-side record is read at the end of the epoch (_train_epoch).
+    check_each_step = device.type == "cpu"
     params = list(stack.trainable().values())
     upcoming = batch(0)
-    for i in tqdm(range(n_steps), desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not progress, leave=False,
+    for i in tqdm(range(run), desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not progress, leave=False,
                   mininterval=1.0):
         for group in opt.param_groups:
             group["lr"] = lr_at(epoch * n_steps + i, total_steps, warmup_steps, cfg)
@@ -397,19 +439,9 @@ def _train_epoch(stack: StackedModels, opt: torch.optim.Optimizer, step, train_x
         grad_norms = clip_grad_norm_per_model(params, cfg.grad_clip or math.inf)  # (N,)
         bad = ~torch.isfinite(batch_loss_sum) | ~torch.isfinite(grad_norms)
         first_bad_step = torch.where((first_bad_step < 0) & bad, i, first_bad_step)
-        if (i + 1) % check_every == 0:
+        if check_each_step:
             _stop_if_nonfinite(first_bad_step, seeds, epoch, n_steps)
         opt.step()
         loss_sum += batch_loss_sum
         correct += batch_correct
-    seen = n_steps * batch_size
-    if ctx.enabled:
-        loss_sum, correct = ctx.sum(loss_sum), ctx.sum(correct)
-    if device.type == "cuda":
-        torch.cuda.synchronize()                      # so train_seconds is the real time
-    lr = opt.param_groups[0]["lr"]
-    train_seconds = time.perf_counter() - t0
-    return [{"epoch": epoch + 1, "lr": lr, "train_loss": loss / seen, "train_acc": c / seen,
-             "seconds": train_seconds, "train_seconds": train_seconds,
-             "images_per_s": seen / train_seconds}
-            for loss, c in zip(loss_sum.tolist(), correct.tolist())]
+    return {"loss_sum": loss_sum, "correct": correct, "first_bad_step": first_bad_step}
