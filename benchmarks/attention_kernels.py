@@ -45,7 +45,7 @@ def make_stack(n_models: int, image_size: int | None = None):
     for seed in range(n_models):
         models.append(build_model(rec["model"], spec))
         si.initialize(models[-1], "trunc_normal", seed=seed)
-    return StackedModels(models).train(), rec["train"]["label_smoothing"]
+    return StackedModels(models, plain=False).train(), rec["train"]["label_smoothing"]   # batched, even for one
 
 
 @contextlib.contextmanager
@@ -75,7 +75,8 @@ def chunk_step(stack, smoothing: float, batch: int, dtype: str, side: int = 8):
     y = torch.randint(0, 10, (stack.n, batch))
 
     def loss(logits, labels):
-        return torch.nn.functional.cross_entropy(logits.float(), labels, label_smoothing=smoothing)
+        from structinit.training.stacked import mean_cross_entropy
+        return mean_cross_entropy(logits, labels, smoothing)
 
     def context():
         return torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16")

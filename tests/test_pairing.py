@@ -57,9 +57,9 @@ def test_arms_at_one_seed_see_the_same_batches(monkeypatch, digits):
     seen = []
     real = trainer.BatchAugmentation.augment
 
-    def record(self, x_uint8, gen):
-        seen.append(x_uint8.clone())
-        return real(self, x_uint8, gen)
+    def record(self, x_uint8, gens):                 # every model's batch side by side
+        seen.append(x_uint8.clone().view(len(gens), -1, *x_uint8.shape[1:]))
+        return real(self, x_uint8, gens)
     monkeypatch.setattr(trainer.BatchAugmentation, "augment", record)
     arms = [("trunc_normal", 0), ("mimetic", 0), ("trunc_normal", 1)]
     models = []
@@ -70,7 +70,7 @@ def test_arms_at_one_seed_see_the_same_batches(monkeypatch, digits):
                cpu_chunks=1)
     si.train_models(models, digits, [si.TrainConfig(**cfg, seed=s) for _, s in arms], device="cpu",
                     train_indices=torch.arange(256), progress=False)
-    per_model = [seen[i::len(arms)] for i in range(len(arms))]   # each step draws every model's batch
+    per_model = [[x[i] for x in seen] for i in range(len(arms))]   # each step draws every model's batch
     assert len(per_model[0]) == 2 * (256 // 64)
     assert all(torch.equal(a, b) for a, b in zip(per_model[0], per_model[1]))      # same seed
     assert not all(torch.equal(a, c) for a, c in zip(per_model[0], per_model[2]))  # another seed

@@ -6,7 +6,7 @@ import torch
 import structinit as si
 from structinit.models import convmixer
 from conftest import small_vit
-from structinit.training.stacked import StackedModels, clip_grad_norm_per_model
+from structinit.training.stacked import StackedModels, mean_cross_entropy, clip_grad_norm_per_model
 from structinit.training.reference import train_plain
 from structinit.training.trainer import train_models
 
@@ -216,7 +216,7 @@ def test_explicit_and_fused_attention_give_the_same_gradients():
     x, y = torch.randn(2, 16, 1, 8, 8), torch.randint(0, 10, (2, 16))
 
     def loss(logits, labels):
-        return torch.nn.functional.cross_entropy(logits.float(), labels)
+        return mean_cross_entropy(logits, labels)
     for dtype, tol in (("fp32", dict(rtol=1e-5, atol=1e-6)), ("bf16", dict(rtol=0.05, atol=0.01))):
         def ctx(bf16=dtype == "bf16"):
             return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
@@ -256,7 +256,8 @@ def test_vits_run_batched_and_batchnorm_models_by_vmap():
     vits = StackedModels(_vits([0, 1]))
     assert vits.batched is not None
     assert all(m.fused_attn for m in vits.base.modules() if hasattr(m, "fused_attn"))   # timm's own choice
-    assert vits.params["blocks.0.attn.qkv.weight"].shape == (2, 144, 48)
+    assert vits.params["blocks.0.attn.qkv.weight"].shape == (2, 48, 144)   # held as the GEMM reads it
+    assert vits.state_dict_of(1)["blocks.0.attn.qkv.weight"].shape == (144, 48)
     assert StackedModels(_convmixers([0, 1])).batched is None
 
 
@@ -267,8 +268,9 @@ def test_batched_gradients_are_each_models_own():
     models = _vits([0, 1, 2], method="impulse")
     x, y = torch.randn(3, 16, 1, 8, 8), torch.randint(0, 10, (3, 16))
     def loss(logits, labels):
-        return torch.nn.functional.cross_entropy(logits.float(), labels, label_smoothing=0.1)
-    grads, losses, logits = StackedModels(models).loss_and_grads(x, y, loss)
+        return mean_cross_entropy(logits, labels, 0.1)
+    stack = StackedModels(models)
+    grads, losses, logits = stack.loss_and_grads(x, y, loss)
     vgrads, vlosses, vlogits = StackedModels(models, batched=False).loss_and_grads(x, y, loss)
     assert sorted(grads) == sorted(vgrads) and "pos_embed" not in grads
     torch.testing.assert_close(losses, vlosses, rtol=1e-5, atol=1e-6)
@@ -278,7 +280,8 @@ def test_batched_gradients_are_each_models_own():
         loss(m(x[i]), y[i]).backward()
         for name, p in m.named_parameters():
             if p.requires_grad:
-                torch.testing.assert_close(grads[name][i], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+                torch.testing.assert_close(stack.in_model_layout(name, grads[name][i]), p.grad, rtol=1e-4,
+                                           atol=1e-6, msg=name)
                 torch.testing.assert_close(vgrads[name][i], p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
@@ -419,3 +422,20 @@ def test_micro_batches_are_refused_where_they_change_the_step():
     stack = StackedModels(_convmixers([0, 1]))
     with pytest.raises(ValueError, match=r"micro-batches of 8 images .*BatchNorm2d.*STRUCTINIT_MICRO_BATCH"):
         plan_gradient_step(1, stack, torch.device("cpu"), 64, lambda *a: None, micro_batch=8)
+
+
+def test_a_seed_trains_the_same_alone_on_timms_module_and_in_a_stack(digits):
+    """One model trains on timm's own module (the plain way), several stacked: seed 0's
+    weights and metrics do not depend on which, beyond float noise (fp32, 2 epochs)."""
+    cfgs = [si.TrainConfig(epochs=2, seed=s, **{**FAST, "amp": "off", "cpu_chunks": 1}) for s in (0, 1)]
+    alone, stacked = _vits([0]), _vits([0, 1])
+    assert StackedModels(alone).way == "plain" and StackedModels(stacked).way == "batched"
+    h_alone = si.train_models(alone, digits, cfgs[:1], device="cpu", train_indices=torch.arange(256),
+                              progress=False)[0]
+    h_stacked = si.train_models(stacked, digits, cfgs, device="cpu", train_indices=torch.arange(256),
+                                progress=False)[0]
+    for k, v in alone[0].state_dict().items():
+        torch.testing.assert_close(stacked[0].state_dict()[k], v, rtol=1e-4, atol=1e-5, msg=k)
+    for a, b in zip(h_alone, h_stacked):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+        assert a["test_acc"] == b["test_acc"]

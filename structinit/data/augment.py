@@ -100,18 +100,30 @@ def _affine(img, op, mag, sign, fill):
                          align_corners=False) + fill
 
 
-def rand_augment(img: torch.Tensor, policy: RandAugmentPolicy, generator: torch.Generator,
-                 fill: torch.Tensor) -> torch.Tensor:
-    """img (B, C, H, W) float in [0, 255]; fill (1, C, 1, 1) for pixels moved in from outside."""
-    b, dev = img.shape[0], img.device
-    col = lambda t: t.view(b, 1, 1, 1)  # noqa: E731
+def draw_rand_augment(b: int, policy: RandAugmentPolicy, generator: torch.Generator,
+                      device: torch.device) -> list[dict[str, torch.Tensor]]:
+    """The random numbers of RandAugment for b images, one dict per layer (op: -1 where the
+    layer leaves the image, mag, sign; each (b,)), drawn from `generator` in the order
+    rand_augment always drew them. Drawing is apart from transforming so that several models'
+    batches, each drawn from its own generator, are transformed in one call."""
+    layers = []
     for _ in range(policy.num_layers):
-        op = torch.randint(0, len(OPS), (b,), device=dev, generator=generator)
-        apply = torch.rand(b, device=dev, generator=generator) < policy.prob
+        op = torch.randint(0, len(OPS), (b,), device=device, generator=generator)
+        apply = torch.rand(b, device=device, generator=generator) < policy.prob
         mag = (policy.magnitude + policy.magnitude_std *
-               torch.randn(b, device=dev, generator=generator)).clamp(0, 10)
-        sign = torch.where(torch.rand(b, device=dev, generator=generator) < 0.5, -1.0, 1.0)
-        op = torch.where(apply, op, torch.full_like(op, -1))   # -1: this layer leaves the image
+               torch.randn(b, device=device, generator=generator)).clamp(0, 10)
+        sign = torch.where(torch.rand(b, device=device, generator=generator) < 0.5, -1.0, 1.0)
+        layers.append({"op": torch.where(apply, op, torch.full_like(op, -1)), "mag": mag, "sign": sign})
+    return layers
+
+
+def apply_rand_augment(img: torch.Tensor, draws: list[dict[str, torch.Tensor]], fill: torch.Tensor) -> torch.Tensor:
+    """img (B, C, H, W) float in [0, 255], transformed by draws (draw_rand_augment's, one
+    entry per image); fill (1, C, 1, 1) for pixels moved in from outside."""
+    b = img.shape[0]
+    col = lambda t: t.view(b, 1, 1, 1)  # noqa: E731
+    for layer in draws:
+        op, mag, sign = layer["op"], layer["mag"], layer["sign"]
         factor = col(1 + sign * mag / 10 * 0.9)
         bits = col(4 - (mag / 10 * 4).floor())
         candidates = {
@@ -135,6 +147,20 @@ def rand_augment(img: torch.Tensor, policy: RandAugmentPolicy, generator: torch.
     return img
 
 
-def random_hflip(img: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    flip = torch.rand(img.shape[0], device=img.device, generator=generator) < 0.5
+def rand_augment(img: torch.Tensor, policy: RandAugmentPolicy, generator: torch.Generator,
+                 fill: torch.Tensor) -> torch.Tensor:
+    """img (B, C, H, W) float in [0, 255]; fill (1, C, 1, 1) for pixels moved in from outside."""
+    return apply_rand_augment(img, draw_rand_augment(img.shape[0], policy, generator, img.device), fill)
+
+
+def draw_hflip(b: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """(b,) bool: which of b images random_hflip flips."""
+    return torch.rand(b, device=device, generator=generator) < 0.5
+
+
+def apply_hflip(img: torch.Tensor, flip: torch.Tensor) -> torch.Tensor:
     return torch.where(flip.view(-1, 1, 1, 1), img.flip(-1), img)
+
+
+def random_hflip(img: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return apply_hflip(img, draw_hflip(img.shape[0], generator, img.device))

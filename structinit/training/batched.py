@@ -2,7 +2,7 @@
 
     module = batched_module(models)     # None where an architecture is not supported
     logits = module(x.flatten(0, 1))    # x (N, B, ...) -> (N*B, classes): model i sees rows i*B..
-    module.qkv.weight.shape             # (N, out, in): model i's weight is [i]
+    module.qkv.weight.shape             # (N, in, out): model i's weight is [i].T
 
 Why: the stack's other way (stacked.py, `vmap` over timm's module) pays functorch's per-op
 dispatch, and on CPU it cannot use the fused attention kernel (no batching rule), so attention
@@ -52,19 +52,29 @@ def _stacked(models: list[nn.Module], attr: str) -> nn.Parameter | None:
 
 @_swaps(nn.Linear)
 class BatchedLinear(nn.Module):
-    """N Linear layers: x (N*B, ..., in) -> (N*B, ..., out), model i on its rows."""
+    """N Linear layers: x (N*B, ..., in) -> (N*B, ..., out), model i on its rows.
+
+    The weight is kept as the GEMM reads it, (N, in, out): model i's Linear weight is
+    weight[i].T (StackedModels.state_dict_of transposes it back). Kept as (N, out, in), the
+    product would read a transposed view, and autograd would return the weight's gradient as
+    a transposed view too, which the fused AdamW kernel cannot pair with the weight
+    element by element: one extra copy per Linear per step."""
+
+    transposed = ("weight",)        # parameters held transposed relative to the models' own
 
     def __init__(self, layers: list[nn.Linear]):
         super().__init__()
         self.n = len(layers)
-        self.weight = _stacked(layers, "weight")                    # (N, out, in)
+        self.weight = nn.Parameter(torch.stack([l.weight.detach().t() for l in layers]).contiguous(),
+                                   requires_grad=layers[0].weight.requires_grad)   # (N, in, out)
         self.bias = _stacked(layers, "bias")                        # (N, out) or None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x = x.reshape(self.n, -1, x.shape[-1])                      # (N, B*..., in)
-        w = self.weight.transpose(1, 2)                             # (N, in, out)
-        y = torch.bmm(x, w) if self.bias is None else torch.baddbmm(self.bias.unsqueeze(1), x, w)
+        # baddbmm writes the broadcast bias into the output before the GEMM (one copy kernel);
+        # bmm + add is the same two kernels, and under torch.compile the add fuses
+        y = torch.bmm(x, self.weight) if self.bias is None else torch.baddbmm(self.bias.unsqueeze(1), x, self.weight)
         return y.reshape(*lead, y.shape[-1])
 
 

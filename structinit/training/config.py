@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from structinit.config import RandAugmentPolicy
 
 AMP_MODES = ("auto", "bf16", "off")
+COMPILE_MODES = ("auto", "on", "off")
 
 
 @dataclass
@@ -28,6 +29,8 @@ class TrainConfig:
     hflip: bool = True
     amp: str = "auto"            # auto: bf16 autocast on CUDA and on CPUs with native bf16, else fp32
     cpu_chunks: str | int = "auto"  # CPU: run each batch as n single-threaded chunks (gradient_step.py)
+    compile: str = "auto"        # torch.compile the step's forward and loss: auto = on CUDA, off on CPU
+                                 # (where committed bytes are eager's); "on" / "off" anywhere
     eval_every: int = 1          # test-set evaluation every n epochs (and always after the last)
     # The streamed trainer's (ImageNet) extras, timm's train.py options of the same meaning;
     # the on-device trainer refuses them rather than ignore them.
@@ -40,6 +43,8 @@ class TrainConfig:
     def __post_init__(self):
         if self.amp not in AMP_MODES:
             raise ValueError(f"amp={self.amp!r}; choose one of {AMP_MODES}")
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"compile={self.compile!r}; choose one of {COMPILE_MODES}")
         for name in ("epochs", "batch_size", "eval_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")

@@ -144,7 +144,7 @@ def simulated_peak_bytes(models: list[torch.nn.Module], image_shape: tuple[int, 
     AdamW step (whose moments stay), then one evaluation pass of `eval_batch` images seen by
     every model: run on fake tensors on the CPU. accumulate: micro-batches, whose gradients are
     summed into a second buffer."""
-    from structinit.training.stacked import StackedModels, clip_grad_norm_per_model, set_grads
+    from structinit.training.stacked import StackedModels, mean_cross_entropy, set_grads
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     cast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if dtype == "bf16" else contextlib.nullcontext
@@ -164,14 +164,13 @@ def simulated_peak_bytes(models: list[torch.nn.Module], image_shape: tuple[int, 
             n = stack.n
             x = torch.empty(n, images_per_pass, *image_shape)
             y = torch.zeros(n, images_per_pass, dtype=torch.long)
-            grads, losses, logits = stack.loss_and_grads(
-                x, y, lambda out, t: F.cross_entropy(out.float(), t, label_smoothing=0.1), cast)
+            grads, losses, logits = stack.loss_and_grads(x, y, lambda out, t: mean_cross_entropy(out, t, 0.1), cast)
             params = stack.trainable()
             set_grads(params, grads)
             del grads, losses, logits
             if accumulate:
                 extra = [torch.empty_like(p) for p in params.values()]
-            clip_grad_norm_per_model(list(params.values()), 1.0)
+            stack.clip_grad_norms(1.0)
             opt = torch.optim.AdamW(list(params.values()), lr=1e-3, fused=True)
             opt.step()
             stack.eval()
@@ -209,3 +208,19 @@ def estimate_training_memory(models: list[torch.nn.Module], sample: torch.Tensor
     return MemoryEstimate(state_bytes=state, activation_bytes=int(activations), data_bytes=data_bytes,
                           images_per_pass=per_pass, models=len(models),
                           workspace_bytes=CUDA_WORKSPACE_BYTES if cuda else 0)
+
+
+def training_flops_per_image(model: torch.nn.Module, image_shape: tuple[int, ...]) -> float:
+    """FLOPs of one image's training step (forward + backward ~ 3x the forward's matrix
+    products and convolutions), counted by torch's FlopCounterMode on fake tensors: no
+    arithmetic runs, wherever the model lives."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with torch.random.fork_rng(devices=[]), mode:
+        fake = _fake_copies(model, 1)[0]
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            fake(torch.empty(1, *image_shape))
+    return 3.0 * counter.get_total_flops()
+

@@ -66,7 +66,7 @@ def train_plain(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
             for g in opt.param_groups:
                 g["lr"] = lr_at(epoch * n_steps + i, total_steps, warmup_steps, cfg)
             rows = order[i * batch:(i + 1) * batch]
-            loss_sum += plain_step(model, opt, augmentation.augment(train_x[rows], gen), train_y[rows], cfg, device)
+            loss_sum += plain_step(model, opt, augmentation.augment(train_x[rows], [gen]), train_y[rows], cfg, device)
         loss = loss_sum.item() / n_steps                    # the epoch's one host sync
         seconds = time.perf_counter() - t
         history.append({"epoch": epoch + 1, "lr": opt.param_groups[0]["lr"], "train_loss": loss,

@@ -17,6 +17,7 @@ file, written atomically, so a kill can never leave the models at different epoc
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from structinit.data.augment import rand_augment, random_hflip
+from structinit.data.augment import apply_hflip, apply_rand_augment, draw_hflip, draw_rand_augment
 from structinit.data.tensors import ImageData
 from structinit.io import save_checked
 from structinit.training.common import (NonFiniteLossError, _decay_groups, autocast, checkpoint_fingerprint,
@@ -36,9 +37,9 @@ from structinit.training.common import compute_dtype as compute_dtype   # re-exp
 from structinit.config import RandAugmentPolicy
 from structinit.training.config import TrainConfig
 from structinit.training.gradient_step import _why_not_splittable, plan_gradient_step
-from structinit.training.memory import estimate_training_memory
+from structinit.training.memory import estimate_training_memory, training_flops_per_image
 from structinit.distributed import DistributedContext, refuse_batchnorm
-from structinit.training.stacked import StackedModels, clip_grad_norm_per_model
+from structinit.training.stacked import StackedModels, mean_cross_entropy
 from structinit.training.steps import steps_per_epoch
 
 # What both trainers share (the schedule, parameter groups, precision, NonFiniteLossError,
@@ -49,8 +50,11 @@ from structinit.training.steps import steps_per_epoch
 class BatchAugmentation:
     """The trainer's per-batch image transforms, on the device: uint8 images in, float out.
 
-    augment(x, gen): a training batch, randomly augmented (the config's RandAugment policy
-    and horizontal flips, drawn from `gen`), then normalized by the dataset's mean and std.
+    augment(x, gens): the training batches of len(gens) models side by side (model i's B images
+    are rows i*B..), randomly augmented (the config's RandAugment policy and horizontal flips,
+    each model's drawn from its own generator, in the order one model alone draws them; the
+    transforms then run once over every model's images), then normalized by the dataset's
+    mean and std.
     normalize(x): a test batch, normalized only.
     """
 
@@ -64,12 +68,17 @@ class BatchAugmentation:
     def normalize(self, x_uint8: torch.Tensor) -> torch.Tensor:
         return (x_uint8.float() - self.mean) / self.std
 
-    def augment(self, x_uint8: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    def augment(self, x_uint8: torch.Tensor, gens: list[torch.Generator]) -> torch.Tensor:
         x = x_uint8.float()
+        b, device = len(x) // len(gens), x.device
+        draws = [(draw_rand_augment(b, self.policy, g, device) if self.policy is not None else None,
+                  draw_hflip(b, g, device) if self.hflip else None) for g in gens]
         if self.policy is not None:
-            x = rand_augment(x, self.policy, gen, fill=self.mean)
+            layers = [{k: torch.cat([d[0][i][k] for d in draws]) for k in ("op", "mag", "sign")}
+                      for i in range(self.policy.num_layers)]
+            x = apply_rand_augment(x, layers, fill=self.mean)
         if self.hflip:
-            x = random_hflip(x, gen)
+            x = apply_hflip(x, torch.cat([d[1] for d in draws]))
         return (x - self.mean) / self.std
 
 
@@ -156,6 +165,19 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
                          "the global batch must split evenly")
     refuse_batchnorm(models, ctx.world_size)         # before the device plan: the model's own refusal first
     device = torch.device(device) if device is not None else ctx.device() if ctx.enabled else default_device()
+    if len(models) > 1:
+        together, why = plan_stacking(models, data, cfg, device, stacked_bytes=None)
+        if not together:
+            # one after another, each on timm's own module; each its own checkpoint file
+            if progress and ctx.is_main:
+                print(f"training the {len(models)} models one after another: {why}")
+            return [train_models([m], data, [c], device=device, train_indices=train_indices,
+                                 checkpoint_path=_one_of(checkpoint_path, i),
+                                 fingerprints=[(fingerprints or [None] * len(models))[i]],
+                                 on_epoch_end=(lambda _, m, i=i: on_epoch_end(i, m)) if on_epoch_end else None,
+                                 progress=progress, ctx=ctx, checkpoint_every_s=checkpoint_every_s,
+                                 micro_batch=micro_batch)[0]
+                    for i, (m, c) in enumerate(zip(models, cfgs))]
     note = precision_note(cfg, device, compute_dtype(cfg, device, models[0]))
     cfg, dtype = resolve_amp(cfg, device, models[0])                          # amp='auto' resolved, once
     seeds = [c.seed for c in cfgs]
@@ -196,13 +218,16 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
     stack = StackedModels(models).to(device).train()
     attention = stack.choose_attention(device, dtype)
     opt = _stacked_adamw(stack, [state for _, state in restored] if restored else [None] * len(models), cfg, device)
+    forward, compiled = step_forward(stack, cfg, device)
     step, how = plan_gradient_step(cfg.cpu_chunks, stack, device, batch_size // ctx.world_size,
-                                   lambda replica, x, y: loss_and_grads(replica, x, y, cfg, device),
+                                   lambda replica, x, y: loss_and_grads(replica, x, y, cfg, device, forward),
                                    micro_batch=micro_batch)
+    if compiled:
+        how += f", {compiled}"
     if show:
         where = f"{device} x {ctx.world_size} processes" if ctx.enabled else device
-        way = "batched" if stack.batched is not None else "by vmap"
-        print(f"training {len(models)} model(s) stacked ({way}) on {where} in {dtype}, "
+        way = "timm's own module" if stack.way == "plain" else f"stacked ({stack.way})"
+        print(f"training {len(models)} model(s) {way} on {where} in {dtype}, "
               f"epochs {start + 1}-{cfg.epochs}: {how} per step, {attention}" + (f" ({note})" if note else ""))
         fused = next((m.fused_attn for m in stack.base.modules() if hasattr(m, "fused_attn")), None)
         _announce_memory(models, augmentation.normalize(train_x[:8]), batch_size // ctx.world_size,
@@ -291,7 +316,7 @@ def _stacked_adamw(stack: StackedModels, states: list[dict | None], cfg: TrainCo
     AdamW is elementwise, so one optimizer over the stack updates each model as its own would.
     fused: one kernel for all parameters instead of a handful per tensor."""
     named = stack.trainable()
-    opt = torch.optim.AdamW(_decay_groups(list(named.values()), cfg.weight_decay, 1), lr=cfg.lr,
+    opt = torch.optim.AdamW(_decay_groups(list(named.values()), cfg.weight_decay, stack.stacked_dims), lr=cfg.lr,
                             eps=cfg.adam_eps, fused=device.type in ("cuda", "cpu"))
     if states[0] is not None:                 # one checkpoint: all restored, or none
         steps = {s["step"] if s else None for s in states}
@@ -299,7 +324,7 @@ def _stacked_adamw(stack: StackedModels, states: list[dict | None], cfg: TrainCo
         for name, p in named.items():
             opt.state[p] = {
                 "step": torch.tensor(float(states[0]["step"]), dtype=torch.float32, device=device),
-                **{k: torch.stack([s[k][name] for s in states]).to(device) for k in ("exp_avg", "exp_avg_sq")}}
+                **{k: stack.stack_slices([s[k][name] for s in states]).to(device) for k in ("exp_avg", "exp_avg_sq")}}
     return opt
 
 
@@ -309,18 +334,87 @@ def _optimizer_state_of(opt: torch.optim.Optimizer, stack: StackedModels, i: int
     if not first:
         return None
     return {"step": float(first["step"]),
-            **{k: {name: opt.state[p][k][i].detach().clone() for name, p in named.items()}
+            **{k: {name: stack.model_slice(opt.state[p][k], i).detach().clone() for name, p in named.items()}
                for k in ("exp_avg", "exp_avg_sq")}}
 
 
 def loss_and_grads(stack: StackedModels, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
-                   device: torch.device) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+                   device: torch.device, forward=None) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """The training objective of model i on x[i] (N, B, ...), y[i] (N, B) -> (gradients
     {trainable name: (N, ...)}, mean label-smoothed loss (N,), logits (N, B, classes));
-    what gradient_step's steps run (on each chunk, on CPU)."""
-    def objective(logits, labels):                   # one model's batch: (B, classes), (B,)
-        return F.cross_entropy(logits.float(), labels, label_smoothing=cfg.label_smoothing)
-    return stack.loss_and_grads(x, y, objective, lambda: autocast(cfg, device))
+    what gradient_step's steps run (on each chunk, on CPU). forward: step_forward's."""
+    return stack.loss_and_grads(x, y, functools.partial(mean_cross_entropy, label_smoothing=cfg.label_smoothing),
+                                functools.partial(autocast, cfg, device), forward)
+
+
+# One model's training step at least this many FLOPs fills a GPU: stacking seeds then buys
+# little (ViT-T/2, 5.1 TFLOP a step at batch 512, on an H100: a stack of 2 ran 5,535
+# model-img/s against 5,032 for one model) and multiplies the memory (a CIFAR cell's stack
+# of 5: ~65 GiB). Below it (the digits ViT: ~2 GFLOP a stack's step) the host sets the pace
+# and a stack costs about what one model costs.
+FILLS_A_GPU_FLOPS = 1e12
+
+
+def plan_stacking(models: list[torch.nn.Module], data: ImageData, cfg: TrainConfig, device: torch.device,
+                  stacked_bytes: int | None = None) -> tuple[bool, str]:
+    """(whether the models train stacked, why): on a GPU, one after another when one model's
+    step fills it (FILLS_A_GPU_FLOPS) or the stack would not fit in its memory; on a CPU,
+    stacked (the committed runs' way: a stack of 5 digits ViTs costs ~1.3x one)."""
+    if device.type != "cuda":
+        return True, "stacked on the CPU"
+    flops = training_flops_per_image(models[0], tuple(data.train_images.shape[1:])) * cfg.batch_size
+    if flops >= FILLS_A_GPU_FLOPS:
+        return False, (f"one model's step is {flops / 1e12:.1f} TFLOP, enough to fill the GPU: stacking would "
+                       "multiply the memory and buy little")
+    total = torch.cuda.get_device_properties(device).total_memory
+    if stacked_bytes is not None and stacked_bytes > 0.9 * total:
+        return False, f"the stack's memory estimate ({stacked_bytes / 2 ** 30:.1f} GiB) exceeds the GPU's"
+    return True, f"one model's step is {flops / 1e9:.0f} GFLOP: the host sets the pace, so the seeds stack"
+
+
+def _one_of(checkpoint_path, i: int):
+    """Model i's own checkpoint file when models train one after another."""
+    if not checkpoint_path:
+        return None
+    path = Path(checkpoint_path)
+    return path.with_name(f"{path.stem}-model{i}{path.suffix}")
+
+
+def step_forward(stack: StackedModels, cfg: TrainConfig, device: torch.device):
+    """(the step's forward and loss, how it runs): compiled by torch.compile where cfg.compile
+    says (auto: on CUDA; off on the CPU, where the committed bytes are eager's), else None
+    (StackedModels.forward_and_loss, eager). A host-bound stack on CUDA is compiled in
+    reduce-overhead mode (its forward and backward replayed as CUDA graphs). Compiling is
+    tried on the first step; a machine where it fails gets a one-line warning and the eager
+    step. Inductor keeps what it compiled on disk (its FX graph cache), so a second process
+    of the same recipe pays far less."""
+    on = cfg.compile == "on" or (cfg.compile == "auto" and device.type == "cuda")
+    if not on or stack.way == "by vmap":
+        return None, ""
+    host_bound = device.type == "cuda" and stack.way != "plain"
+    mode = "reduce-overhead" if host_bound else None
+    compiled = torch.compile(stack.forward_and_loss, mode=mode)
+    state = {"fn": compiled}
+
+    def forward(x, y, loss_fn, context):
+        if host_bound:
+            torch.compiler.cudagraph_mark_step_begin()     # the last step's graph outputs are done with
+        fn = state["fn"]
+        if fn is stack.forward_and_loss:
+            return fn(x, y, loss_fn, context)
+        try:
+            out = fn(x, y, loss_fn, context)
+        except Exception as e:                         # noqa: BLE001 (any compiler failure: run eager)
+            if state.get("ran"):
+                raise
+            first = str(e).splitlines()[0][:200] if str(e) else ""
+            print(f"warning: torch.compile failed ({type(e).__name__}: {first}); training eager "
+                  "(compile: off in the recipe skips the attempt)")
+            state["fn"] = stack.forward_and_loss
+            return stack.forward_and_loss(x, y, loss_fn, context)
+        state["ran"] = True
+        return out
+    return forward, f"compiled ({mode or 'default'} mode)"
 
 
 def _evaluate_stacked(stack: StackedModels, images, labels, *, augmentation: BatchAugmentation,
@@ -401,7 +495,9 @@ def _epoch_steps(stack: StackedModels, opt: torch.optim.Optimizer, step, train_x
     per step (tests/test_fake_cuda.py runs this on fake CUDA tensors)."""
     n_steps = steps_per_epoch(len(train_y), batch_size)      # drop the ragged tail: static shapes
     total_steps, warmup_steps = schedule_steps(cfg, n_steps)
-    orders = [torch.randperm(len(train_y), device=device, generator=g) for g in gens]
+    # each model's order from its own generator; side by side, so that a step gathers every
+    # model's batch with one index (a gather per model cost kernels per model)
+    orders = torch.stack([torch.randperm(len(train_y), device=device, generator=g) for g in gens])   # (N, n)
     local_batch = batch_size // ctx.world_size
     local_rows = slice(ctx.rank * local_batch, (ctx.rank + 1) * local_batch)
     run = n_steps if steps is None else min(steps, n_steps)
@@ -410,9 +506,9 @@ def _epoch_steps(stack: StackedModels, opt: torch.optim.Optimizer, step, train_x
         """Each model's batch i, drawn from its own generator, in order, as it would be alone."""
         if i == run:
             return None
-        rows = [order[i * batch_size:(i + 1) * batch_size] for order in orders]
-        x = torch.stack([augmentation.augment(train_x[r], g) for r, g in zip(rows, gens)])  # (N, B, C, H, W)
-        y = torch.stack([train_y[r] for r in rows])                                     # (N, B)
+        rows = orders[:, i * batch_size:(i + 1) * batch_size]                  # (N, B)
+        x = augmentation.augment(train_x[rows.flatten()], gens)               # (N*B, C, H, W)
+        x, y = x.view(len(gens), batch_size, *x.shape[1:]), train_y[rows]     # (N, B, ...), (N, B)
         if ctx.enabled:                               # this process's rows of the global batch
             x, y = x[:, local_rows], y[:, local_rows]
         return x, y
@@ -434,9 +530,8 @@ def _epoch_steps(stack: StackedModels, opt: torch.optim.Optimizer, step, train_x
         upcoming = batch(i + 1)                       # ...while this thread prepares the next batch
         batch_loss_sum, batch_correct = step.collect(pending)          # sets .grad
         if ctx.enabled:                               # what DDP does: the global batch's mean gradient
-            for p in params:
-                ctx.sum(p.grad).div_(ctx.world_size)
-        grad_norms = clip_grad_norm_per_model(params, cfg.grad_clip or math.inf)  # (N,)
+            ctx.average_gradients(params)             # in buckets: a few collectives, not one per tensor
+        grad_norms = stack.clip_grad_norms(cfg.grad_clip or math.inf)  # (N,)
         bad = ~torch.isfinite(batch_loss_sum) | ~torch.isfinite(grad_norms)
         first_bad_step = torch.where((first_bad_step < 0) & bad, i, first_bad_step)
         if check_each_step:
