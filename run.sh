@@ -2,6 +2,8 @@
 # One entry point that sets up a fresh machine, then runs the pipeline or the tests.
 #   ./run.sh repro [dvc repro args]   the main job: dvc repro on the embedded default
 #   ./run.sh test  [pytest args]      the test suite (what CI runs)
+#   ./run.sh quick [--dry-run ...]    a quick look in minutes: the pipeline on 30 epochs and 2 seeds in a
+#                                     temporary copy (python -m benchmarks.quick; not the result)
 #   ./run.sh verify [--against REV]   after repro: the same bytes as committed, or else the
 #                                     same conclusions and accuracies within tolerance
 #   ./run.sh pins                     rewrite constraints.txt from the environment (after a change
@@ -15,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 usage() {
-  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
   cat <<'EOF'
 
 Needs: Python >= 3.11 (the pinned numpy, SciPy and scikit-learn need it) with its venv module (Debian/Ubuntu: apt install python3-venv), git, and
@@ -73,6 +75,7 @@ case "$cmd" in
   test)  bash tests/setup_browser.sh # chromium + local vega JS for test_plots_render (never fails)
          exec python -m pytest "$@" ;;
   repro) exec dvc repro "$@" ;;
+  quick) exec python -m benchmarks.quick "$@" ;;
   verify) exec python -m structinit.pipeline.verify "$@" ;;
   pins)  # pip freeze: every installed distribution but this project, each at its version
          { echo "# Every package the environment holds, transitive ones included, at the version tested:"

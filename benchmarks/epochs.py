@@ -21,7 +21,7 @@ the pipeline's budget here and compares each evaluated epoch with the cells (pip
 Criterion (issue 26): a budget B is converged when doubling it moves no arm's mean final
 accuracy by more than `--tolerance` points (1 by default). Writes benchmarks/epochs.csv (test
 accuracy at every evaluated epoch, per arm, budget and seed, each row naming the CPU, dtype and
-stacking it ran with) and benchmarks/epochs.md (the tables and the verdict, what the README
+stacking it ran with) and benchmarks/epochs.md (the tables and the verdict, what docs/pipeline.md
 quotes); prints the same.
 """
 from __future__ import annotations

@@ -9,8 +9,9 @@ seconds (from the moments DVC announces each stage) and the whole wall time. The
 target, `aggregate`, is the main table alone (download -> preoptimize -> train -> aggregate);
 `--target ''` runs everything, every study included. Last line: `wall: <seconds> s`.
 
-`--write FILE` also writes the figures as markdown after the run (the README quotes
-benchmarks/fresh_repro.md, written by `--target '' --write benchmarks/fresh_repro.md`): the
+`--write FILE` also writes the figures as markdown after the run (docs/pipeline.md quotes
+benchmarks/fresh_repro.md, written by `--target '' --write benchmarks/fresh_repro.md`; the
+README states its minutes, checked by tests/test_first_screen.py): the
 commit, the CPU, the threads, each stage's seconds and the dtype its training computed in (as
 the trainer printed it). The file lives outside DVC's outputs: a time is not the same bytes
 twice.

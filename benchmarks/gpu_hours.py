@@ -1,25 +1,42 @@
-"""GPU-hours of the paper's grid: counted FLOPs x images x epochs, at a stated GPU throughput.
+"""GPU-hours of the paper's grid: counted FLOPs x images x epochs, at the rate a GPU was measured at.
 
-    python -m benchmarks.gpu_hours [--seeds 5] [--study-seeds 3] [--tflops 100] [--decode 1000] [--paper-arms]
+    python -m benchmarks.gpu_hours [--probe benchmarks/gpu_probe.md] [--seeds 5] [--study-seeds 3]
+                                   [--tflops T] [--decode 1000] [--paper-arms] [--write [benchmarks/gpu_hours.md]]
+
+The rate is measured, not assumed: the committed probe file (benchmarks/gpu_probe.md, written by
+`python -m benchmarks.gpu_probe` on a GPU, or by an equivalent script: its title says which)
+gives the images/s of ViT-T/2 trained end to end by the project's trainer with the paper's
+recipe (RandAugment, flips, batch 512, bf16) on the card it names, at the commit it names. That
+rate prices the rows that train that model with that recipe (CIFAR-10's main table, the
+pseudo-input study); every other row is labelled "assumed": CIFAR-100 and SVHN train the same
+ViT-T/2 (up to its head) at CIFAR-10's images/s, so their time scales by images; the other
+models (ImageNet's ViT-T/16, the heads/width study's shapes, the ConvMixers) at the TFLOP/s the
+measured ViT-T/2 reached (its rate x its counted FLOPs per image), or at --tflops. ImageNet is
+bounded below by JPEG decoding as well: --decode is the images/s each GPU's CPU workers deliver
+(the official command: 10 workers per GPU). Evaluation, solves and data preparation are not
+counted. A probe file without that rate (a --tiny run, a part that failed) is refused.
 
 FLOPs per training image (forward + backward) are counted on the very models the pipeline
-builds (torch's FlopCounterMode, one step, batch 2), per recipe in params.yaml. The counter
-counts the matrix products and convolutions (2 FLOPs per multiply-add), which are all but a
+builds (torch's FlopCounterMode, one step of batch 2 on the meta device), per recipe in
+params.yaml. The counter counts the matrix products and convolutions (2 FLOPs per multiply-add), which are all but a
 fraction of a percent of the work; norms, activations, softmax and the optimizer step are not
 counted. Two of its gaps are closed here (see `count_train_flops`): attention runs as explicit
-matmuls, and grouped convolutions' gradients are counted per group. The GPU's
-sustained throughput is an assumption, not a measurement (no GPU was available to measure
-it): --tflops is the bf16 rate a ViT-T sustains (H100 peak dense bf16 is ~990 TFLOP/s; width
-192 reaches a fraction of it). ImageNet is bounded below by JPEG decoding as well: --decode is
-images/s each GPU's CPU workers deliver (the official command: 10 workers per GPU). Prints a
-table per block of the grid and the total.
+matmuls, and grouped convolutions' gradients are counted per group. Prints a table per block of
+the grid, the total and the memory of a CIFAR cell (from the probe file); --write also writes it
+to benchmarks/gpu_hours.md, which docs/scaling-out.md quotes (python -m benchmarks.readme_answer --write refreshes it).
 """
 import argparse
+import copy
+import functools
+import sys
 from math import prod
+from pathlib import Path
 
 import torch
 from tabulate import tabulate
 from torch.utils.flop_counter import FlopCounterMode
+
+from benchmarks.gpu_probe import ProbeFileError, read_probe
 
 from structinit.config import FILTER_MODES, PSEUDO_INPUTS
 from structinit.data.specs import DATASETS, TRAIN_IMAGES
@@ -72,74 +89,145 @@ def unfuse_attention(model: torch.nn.Module) -> int:
 
 
 def count_train_flops(model, image_size: int, channels: int, batch: int = 2) -> float:
-    """FLOPs per image of one training step (forward + backward) of `model`."""
+    """FLOPs per image of one training step (forward + backward) of `model` (left as it is).
+    The step runs on a copy on the meta device: shapes only, no arithmetic, so a ViT-S counts in
+    a fraction of a second instead of seconds of CPU work, to the same count."""
+    model = copy.deepcopy(model).to("meta")
     unfuse_attention(model)
-    x = torch.randn(batch, channels, image_size, image_size)
+    x = torch.randn(batch, channels, image_size, image_size, device="meta")
     counter = FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flops})
     with counter:
         model(x).float().logsumexp(-1).sum().backward()
     return counter.get_total_flops() / batch
 
 
+@functools.cache                 # a report asks for ViT-T/2's count more than once; each is a training step
 def vit(dataset: str, **override) -> float:
     params = load_params()
     spec = DATASETS[dataset]
     shape = {**params["recipes"][dataset]["model"], **override}
-    model = create_vit(img_size=spec.image_size, num_classes=spec.num_classes, in_chans=spec.channels, **shape)
+    with torch.device("meta"):            # built without weights: only their shapes are counted
+        model = create_vit(img_size=spec.image_size, num_classes=spec.num_classes, in_chans=spec.channels, **shape)
     return count_train_flops(model, spec.image_size, spec.channels)
 
 
 def convmixer(size: dict) -> float:
     """Counted with learned spatial filters: the three frozen modes skip the depthwise weight
     gradient, at most ~1.6 % of a step for the paper's sizes, so the row is an upper bound."""
-    return count_train_flops(create_convmixer(**size, num_classes=10), 32, 3)
+    with torch.device("meta"):
+        model = create_convmixer(**size, num_classes=10)
+    return count_train_flops(model, 32, 3)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, default=5, help="seeds per main-table cell (the pipeline's default)")
-    ap.add_argument("--study-seeds", type=int, default=3)
-    ap.add_argument("--tflops", type=float, default=100.0,
-                    help="sustained bf16 TFLOP/s per GPU (assumed; ~10 %% of an H100's peak)")
-    ap.add_argument("--decode", type=float, default=1000.0,
-                    help="ImageNet images/s per GPU from its CPU workers (assumed)")
-    ap.add_argument("--paper-arms", action="store_true",
-                    help=f"price the paper's {PAPER_MAIN_INITS} main-table initializers, not params.yaml's grid")
-    a = ap.parse_args()
-    params = load_params()
+def basis_rows(a, params, probe: dict) -> tuple[list[list], float]:
+    """[block, dataset, runs, GFLOP/img, epochs, img/s per GPU, basis, GPU-h per run, GPU-hours] per
+    block of the grid, and the TFLOP/s the measured ViT-T/2 reached."""
     arms = PAPER_MAIN_INITS if a.paper_arms else len(main_inits(params))
+    measured_flops = vit("cifar10")
+    reached = probe["rate"] * measured_flops / 1e12          # TFLOP/s of the measured run, counted
+    tflops = a.tflops or reached
+    at_tflops = f"assumed: {tflops:.1f} TFLOP/s" + ("" if a.tflops else " as ViT-T/2")
     rows = []
 
     def epochs(dataset):                      # the studies run on the dataset's recipe
         return params["recipes"][dataset]["train"]["epochs"]
 
-    def add(block, runs, flops_per_image, dataset, epochs, decode_bound=False):
-        images = TRAIN_IMAGES[dataset] * epochs
-        seconds = flops_per_image * images / (a.tflops * 1e12)
-        if decode_bound:
-            seconds = max(seconds, images / a.decode)
-        rows.append([block, dataset, runs, flops_per_image / 1e9, epochs, seconds / 3600, seconds / 3600 * runs])
+    def add(block, runs, flops_per_image, dataset, rate=None, basis=None, decode_bound=False):
+        """rate: images/s per GPU (a measured row, or one scaled by images); else from FLOPs."""
+        if rate is None:
+            rate, basis = tflops * 1e12 / flops_per_image, at_tflops
+            if decode_bound and a.decode < rate:
+                rate, basis = a.decode, f"assumed: JPEG decoding, {a.decode:,.0f} img/s"
+        seconds = TRAIN_IMAGES[dataset] * epochs(dataset) / rate
+        rows.append([block, dataset, runs, flops_per_image / 1e9, epochs(dataset), rate, basis,
+                     seconds / 3600, seconds / 3600 * runs])
 
-    for ds in ("cifar10", "cifar100", "svhn"):
-        add("main table, ViT-T/2", arms * a.seeds, vit(ds), ds, params["recipes"][ds]["train"]["epochs"])
-    add("main table, ViT-T/16", arms * a.seeds, vit("imagenet"), "imagenet",
-        params["recipes"]["imagenet"]["train"]["epochs"], decode_bound=True)
+    add("main table, ViT-T/2", arms * a.seeds, measured_flops, "cifar10", probe["rate"], "measured")
+    for ds in ("cifar100", "svhn"):
+        add("main table, ViT-T/2", arms * a.seeds, vit(ds), ds, probe["rate"], "assumed: CIFAR-10's img/s")
+    add("main table, ViT-T/16", arms * a.seeds, vit("imagenet"), "imagenet", decode_bound=True)
     shapes = params["model_shapes"]
     for name in ("vit_t_h8", "vit_s_h6", "vit_s_h16"):           # heads/width on CIFAR-100
-        add(f"heads/width {name}", HEADS_WIDTH_INITS * a.study_seeds, vit("cifar100", **shapes[name]),
-            "cifar100", epochs("cifar100"))
-    add("pseudo-input 5x5x2", PSEUDO_INPUT_VARIANTS * a.study_seeds, vit("cifar10"), "cifar10", epochs("cifar10"))
+        add(f"heads/width {name}", HEADS_WIDTH_INITS * a.study_seeds, vit("cifar100", **shapes[name]), "cifar100")
+    add("pseudo-input 5x5x2", PSEUDO_INPUT_VARIANTS * a.study_seeds, measured_flops, "cifar10", probe["rate"],
+        "measured")
     for name in ("cm256d8k3", "cm512d6k3", "cm512d6k5"):          # every filter mode each
         add(f"ConvMixer {name}", len(FILTER_MODES) * a.study_seeds, convmixer(params["convmixer_sizes"][name]),
-            "cifar10", epochs("cifar10"))
+            "cifar10")
+    return rows, reached
+
+
+def report(a, params, probe: dict) -> str:
+    """The markdown gpu_hours prints and --write writes."""
+    rows, reached = basis_rows(a, params, probe)
+    arms = PAPER_MAIN_INITS if a.paper_arms else len(main_inits(params))
     total = sum(r[-1] for r in rows)
-    print(tabulate(rows + [["total", "", sum(r[2] for r in rows), None, None, None, total]],
-                   headers=["block", "dataset", "runs", "GFLOP/img (train)", "epochs", "GPU-h per run", "GPU-hours"],
-                   floatfmt=("", "", "", ".2f", "", ".2f", ".0f"), missingval="", tablefmt="github"))
+    card = probe["card"]
+    grid = tabulate(rows + [["total", "", sum(r[2] for r in rows), None, None, None, "", None, total]],
+                    headers=["block", "dataset", "runs", "GFLOP/img (train)", "epochs", "img/s per GPU", "rate",
+                             "GPU-h per run", "GPU-hours"],
+                    floatfmt=("", "", "", ".2f", "", ",.0f", "", ".2f", ".0f"), missingval="", tablefmt="github")
     whose = "the paper's" if a.paper_arms else "params.yaml's grid"
-    print(f"\nmain table: {arms} initializers ({whose}) x {a.seeds} seeds per dataset")
-    print(f"assumed: {a.tflops:.0f} TFLOP/s sustained per GPU; ImageNet at least {a.decode:.0f} img/s "
-          f"per GPU of JPEG decoding. gpu_hours: {total:.0f}")
+    others = (f"at --tflops {a.tflops:g}" if a.tflops else
+              f"at the {reached:.1f} TFLOP/s the measured ViT-T/2 reached ({probe['rate']:,.0f} img/s x its "
+              f"{vit('cifar10') / 1e9:.2f} counted GFLOP per image)")
+    memory = (f"one model peaks at {probe['peak_gib']:g} GiB (torch.cuda.max_memory_allocated, the trainer end "
+              f"to end)" if probe["peak_gib"] else "one model's peak: not measured")
+    if probe["estimate_gib"]:
+        memory += f"; the trainer estimated {probe['estimate_gib']:g} GiB"
+    if not probe["stack_peak_gib"]:
+        stack = "a cell's 5 seeds together: not measured"
+    elif probe["stack_one_by_one"]:
+        stack = (f"the trainer trains a cell's {probe['stack_models']:.0f} seeds one after another on this card "
+                 f"(peak {probe['stack_peak_gib']:g} GiB, RandAugment off)")
+    else:
+        stack = (f"a stack of {probe['stack_models']:.0f} models (a cell's seeds, RandAugment off) peaks at "
+                 f"{probe['stack_peak_gib']:g} GiB")
+    return (f"GPU-hours of the paper's grid on one {card}, priced from `{a.probe}` (project at {probe['commit']}, "
+            f"torch {probe['torch']}; {probe['mode']}): the project's trainer trains ViT-T/2 end to end with "
+            f"the paper's recipe (RandAugment, flips, batch 512, bf16) at **{probe['rate']:,.0f} img/s** on that "
+            f"card. Written by `python -m benchmarks.gpu_hours --write`.\n\n"
+            f"{grid}\n\n"
+            f"- measured: ViT-T/2 with CIFAR-10's recipe at that rate, one model at a time per GPU (stacking a "
+            f"cell's seeds buys nothing once one model fills the card); the pseudo-input study trains the same.\n"
+            f"- assumed: CIFAR-100 and SVHN at CIFAR-10's img/s (the same model up to its head: time scales by "
+            f"images); every other model {others}; ImageNet at most {a.decode:,.0f} JPEG-decoded img/s per GPU "
+            f"(the official command's 10 workers). The small ConvMixers' rows are the least certain: at their "
+            f"FLOPs the data path, not the model, may set the pace.\n"
+            f"- not counted: evaluation (every epoch in the CIFAR recipes), the Imp. solves, data preparation.\n"
+            f"- main table: {arms} initializers ({whose}) x {a.seeds} seeds per dataset.\n"
+            f"- memory of a CIFAR cell (ViT-T/2, batch 512, bf16, on the {card}): {memory}; {stack}.\n\n"
+            f"GPU-hours in all: **{total:.0f}** on {card}s.\n")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--probe", default="benchmarks/gpu_probe.md",
+                    help="the probe file whose ViT-T/2 rate prices the grid")
+    ap.add_argument("--seeds", type=int, default=5, help="seeds per main-table cell (the pipeline's default)")
+    ap.add_argument("--study-seeds", type=int, default=3)
+    ap.add_argument("--tflops", type=float,
+                    help="sustained bf16 TFLOP/s of the models the probe did not measure "
+                         "(default: what the measured ViT-T/2 reached)")
+    ap.add_argument("--decode", type=float, default=1000.0,
+                    help="ImageNet images/s per GPU from its CPU workers (assumed)")
+    ap.add_argument("--paper-arms", action="store_true",
+                    help=f"price the paper's {PAPER_MAIN_INITS} main-table initializers, not params.yaml's grid")
+    ap.add_argument("--write", nargs="?", const="benchmarks/gpu_hours.md", metavar="PATH",
+                    help="also write the report (default benchmarks/gpu_hours.md, quoted by docs/scaling-out.md)")
+    return ap
+
+
+def main():
+    a = parser().parse_args()
+    try:
+        probe = read_probe(a.probe)
+    except ProbeFileError as e:
+        sys.exit(f"gpu_hours: {e}")
+    text = report(a, load_params(), probe)
+    print(text, end="")
+    if a.write:
+        Path(a.write).write_text(text)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""benchmarks/gpu_hours.py counts the FLOPs of one training step; these check its counts against
-closed forms derived by hand from the architectures.
+"""benchmarks/gpu_hours.py counts the FLOPs of one training step and prices the grid at the rate
+the committed probe file (benchmarks/gpu_probe.md) measured; these check its counts against
+closed forms derived by hand from the architectures, and that the rate is the file's.
 
 What the closed forms include: every matrix product and convolution, forward and backward,
 at 2 FLOPs per multiply-add. Their backward costs the forward's multiply-adds once per
@@ -8,13 +9,23 @@ layer takes no input gradient (the image needs none), so 2x; a frozen weight tak
 gradient. Not included (nor counted by torch's counter): norms, activations, softmax, biases,
 residual adds, pooling and the loss, a fraction of a percent of a step; hence the 1 % slack.
 """
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import structinit as si
+from benchmarks import gpu_hours
 from benchmarks.gpu_hours import conv_backward_flops, count_train_flops
+from benchmarks.gpu_probe import RATE_ROW, read_probe
 from structinit.config import FILTER_MODES
+from structinit.pipeline.params import load_params
+
+REPO = Path(__file__).resolve().parents[1]
 
 RELATIVE = 1e-2
 
@@ -76,20 +87,85 @@ def test_grouped_conv_step_is_three_forwards(groups, transposed):
     assert counter.get_total_flops() == 3 * forward
 
 
+def report(*flags, probe=None):
+    """gpu_hours' text for these flags, priced from `probe` (a read_probe dict; the committed file's
+    by default), in this process: the FLOP counts are cached, so each report after the first is quick."""
+    a = gpu_hours.parser().parse_args(list(flags))
+    return gpu_hours.report(a, load_params(REPO / "params.yaml"), probe or read_probe(REPO / a.probe))
+
+
+def rows(text: str, block: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+            if line.startswith(f"| {block}")]
+
+
+def total(text: str) -> float:
+    return float(re.search(r"GPU-hours in all: \*\*(\d+)\*\*", text)[1])
+
+
 def test_the_benchmark_prices_the_grid_params_yaml_runs():
     """The documented GPU command trains params.yaml's grid: 6 initializers x 5 seeds = 30 runs
     per dataset (90 for CIFAR-10/100 and SVHN), not the paper's 5 (--paper-arms)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-    repo = Path(__file__).resolve().parents[1]
-    ours, paper = (subprocess.run([sys.executable, "-m", "benchmarks.gpu_hours", *flags], cwd=repo,
-                                  capture_output=True, text=True, check=True).stdout
-                   for flags in ([], ["--paper-arms"]))
-    rows = [line for line in ours.splitlines() if line.startswith("| main table, ViT-T/2")]
-    assert len(rows) == 3 and all("|     30 |" in r for r in rows), rows
+    ours, paper = report(), report("--paper-arms")
+    main = rows(ours, "main table, ViT-T/2")
+    assert len(main) == 3 and all(r[2] == "30" for r in main), main
     assert "main table: 6 initializers (params.yaml's grid) x 5 seeds per dataset" in ours
     assert "main table: 5 initializers (the paper's) x 5 seeds per dataset" in paper
-    total = [float(line.split("gpu_hours:")[1]) for line in (ours, paper) for line in line.splitlines()
-             if "gpu_hours:" in line]
-    assert total[0] > total[1]
+    assert total(ours) > total(paper)
+
+
+def with_rate(text: str, rate: str) -> str:
+    """A probe file's text with another ViT-T/2 rate."""
+    return re.sub(rf"\| {re.escape(RATE_ROW)} \| [^|]+\|", f"| {RATE_ROW} | {rate} |", text)
+
+
+def test_the_rate_comes_from_the_probe_file_and_names_its_card_and_commit(tmp_path):
+    """Half the measured ViT-T/2 rate: twice the GPU-hours of every row it prices, and of the rows
+    assumed at its TFLOP/s; the decode-bound ImageNet row stays. Card and commit are the file's."""
+    committed = read_probe(REPO / "benchmarks/gpu_probe.md")
+    path = tmp_path / "gpu_probe_other.md"
+    text = with_rate((REPO / "benchmarks/gpu_probe.md").read_text(), f"{committed['rate'] / 2:,.0f}")
+    path.write_text(re.sub(r"\| card \| [^|]+\|", "| card | Some GPU (40.0 GiB, 100 SMs) |", text))
+    probe = read_probe(path)
+    assert probe["rate"] == round(committed["rate"] / 2) and probe["card"] == "Some GPU"
+    fast, slow = report(), report(probe=probe)
+    assert f"on one {committed['card']}" in fast and f"project at {committed['commit']}" in fast
+    assert f"**{committed['rate']:,.0f} img/s**" in fast
+    assert "on one Some GPU" in slow and f"**{probe['rate']:,.0f} img/s**" in slow
+    for block in ("main table, ViT-T/2", "pseudo-input", "heads/width", "ConvMixer"):
+        for f, s in zip(rows(fast, block), rows(slow, block)):
+            assert float(s[-1]) == pytest.approx(2 * float(f[-1]), abs=1), (f, s)
+    assert [r[6] for r in rows(fast, "main table, ViT-T/2")] == ["measured", "assumed: CIFAR-10's img/s",
+                                                               "assumed: CIFAR-10's img/s"]
+    assert all(r[6].startswith("assumed") for r in rows(fast, "heads/width") + rows(fast, "ConvMixer"))
+    assert rows(fast, "main table, ViT-T/16") == rows(slow, "main table, ViT-T/16")   # JPEG decoding binds
+
+
+def test_a_probe_file_without_a_rate_is_a_clear_error(tmp_path):
+    path = tmp_path / "probe.md"
+    path.write_text(with_rate((REPO / "benchmarks/gpu_probe.md").read_text(), "-"))
+    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu_hours", "--probe", str(path)], cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "has no ViT-T/2 rate" in r.stderr and "gpu_probe" in r.stderr, r.stderr
+    assert r.stdout == ""
+
+
+def test_the_committed_report_is_what_the_command_writes_now():
+    """benchmarks/gpu_hours.md (quoted by the README) from the committed probe file and params.yaml;
+    after a new probe file or a change of the grid: python -m benchmarks.gpu_hours --write."""
+    assert (REPO / "benchmarks/gpu_hours.md").read_text() == report()
+
+
+def test_the_memory_of_a_cell_says_how_the_trainer_trained_its_seeds(tmp_path):
+    """A probe run on a GPU fills the stack-of-5 row of its part (b); on a card where one ViT-T/2
+    fills the GPU the trainer trains the seeds one after another, and the report says so."""
+    text = (REPO / "benchmarks/gpu_probe.md").read_text()
+    row = re.compile(r"^\| the project's trainer, stack of 5 \|.*$", re.M)
+    for how, said in (("one after another: training 1 model(s) timm's own module on cuda", "one after another"),
+                      ("training 5 model(s) stacked (batched) on cuda", "a stack of 5 models")):
+        path = tmp_path / "probe.md"
+        path.write_text(row.sub(f"| the project's trainer, stack of 5 | 5 | 512 | 450.0 | 451.0 | 56.7 | 0.071 | "
+                                f"13.5 | {how} |", text))
+        probe = read_probe(path)
+        assert probe["stack_peak_gib"] == 13.5 and probe["stack_models"] == 5
+        assert said in report(probe=probe)

@@ -4,7 +4,7 @@
   it before any stage runs), with the initializers a page adds (docs/library.md's
   `# structinit/init/methods/<name>.py` snippet) registered first;
 - every `python -m <module>` names a module that exists, and every repository path they name
-  exists (module paths moved in issue 25: the README's "Changes" line maps old to new).
+  exists (module paths moved in issue 25: CHANGELOG.md's "Module paths moved" section maps old to new).
 """
 import importlib.util
 import re
@@ -17,7 +17,7 @@ import yaml
 from structinit.pipeline.params import validate_params
 
 REPO = Path(__file__).resolve().parents[1]
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted((REPO / "docs").glob("*.md"))]
 REGISTRY_SNIPPET = "# structinit/init/methods/"     # first line of a block that is a method file
 
 
@@ -125,12 +125,12 @@ def run_modules() -> list:
 
 @pytest.mark.parametrize("module", run_modules())
 def test_every_python_m_names_a_module(module):
-    assert module_exists(module), f"python -m {module}: no such module (moved? see the README's Changes)"
+    assert module_exists(module), f"python -m {module}: no such module (moved? see CHANGELOG.md)"
 
 
 def moved_modules() -> list[tuple[str, str]]:
-    """The README's "Changes" line: `old` → `new` pairs."""
-    return re.findall(r"`([\w.]+)`\s*→\s*`([\w.]+)`", (REPO / "README.md").read_text())
+    """CHANGELOG.md's "Module paths moved" section: `old` → `new` pairs."""
+    return re.findall(r"`([\w.]+)`\s*→\s*`([\w.]+)`", (REPO / "CHANGELOG.md").read_text())
 
 
 def test_the_changes_line_maps_old_module_paths_to_existing_ones():

@@ -1,5 +1,6 @@
 """A number quoted in the README (or a docs page) is a generated file's text, verbatim:
 every include block equals the file it names (structinit/reporting/readme.py), as committed."""
+import re
 import subprocess
 from pathlib import Path
 
@@ -15,9 +16,29 @@ def test_every_quoted_block_matches_the_file_it_quotes():
     assert not stale, f"run: python -m structinit.reporting.readme --write ({stale})"
 
 
-def test_the_readme_quotes_the_main_result_and_the_epoch_evidence():
-    quoted = [path for path, _ in readme.includes((REPO / "README.md").read_text())]
-    assert "reports/headline.md" in quoted and "benchmarks/epochs.md" in quoted
+def quoted(page: str) -> list[str]:
+    return [path for path, _ in readme.includes((REPO / page).read_text())]
+
+
+def test_the_readme_quotes_the_answer_and_the_docs_quote_the_evidence():
+    """The README quotes the generated answer (sentence and table: benchmarks/readme_answer.md,
+    tests/test_first_screen.py); the pipeline's own headline, the epoch evidence and the
+    timings are quoted in the docs pages readme.py checks, the GPU-hours table in
+    docs/scaling-out.md (checked by tests/test_first_screen.py)."""
+    assert "benchmarks/readme_answer.md" in quoted("README.md")
+    assert "reports/headline.md" in quoted("docs/reports.md")
+    assert {"benchmarks/epochs.md", "benchmarks/fresh_repro.md"} <= set(quoted("docs/pipeline.md"))
+    assert "benchmarks/gpu_hours.md" in quoted("docs/scaling-out.md")
+    assert {"docs/pipeline.md", "docs/reports.md"} <= set(readme.PAGES)
+
+
+def test_the_readme_cpu_time_is_the_fresh_repro_files():
+    """The README's "90 minutes" (not in an include block) is benchmarks/fresh_repro.md's time,
+    rounded to the minute; tests/test_first_screen.py checks every other number it states."""
+    minutes = float(re.search(r"\*\*([\d.]+) min\*\*", (REPO / "benchmarks/fresh_repro.md").read_text())[1])
+    text = (REPO / "README.md").read_text()
+    assert f"{round(minutes)} minutes on 2 CPU cores" in text
+    assert "2 CPU cores" in (REPO / "benchmarks/fresh_repro.md").read_text()
 
 
 def test_a_changed_number_is_caught(tmp_path):

@@ -1,0 +1,843 @@
+"""GPU probe: what one GPU does with this project, measured by one command in at most 6 minutes on an H100.
+
+    python -m benchmarks.gpu_probe                                   # on a GPU machine
+    python -m benchmarks.gpu_probe --out benchmarks/gpu_probe.md     # ... and make it the priced run
+    python -m benchmarks.gpu_probe --tiny --out /tmp/probe.md        # every part at toy sizes, on the CPU
+
+It writes one markdown file: the machine (card, driver, CUDA, torch, timm, the commit and whether
+the tree was dirty), then
+  (a) the suite's GPU-relevant tests (pytest in a subprocess): passed / failed / skipped, failures named;
+  (b) one training step alone: ViT-T/2 (params.yaml's cifar10 recipe) at batch 512, bf16 autocast,
+      fused AdamW, the recipe's clip, as a plain timm module (eager and under torch.compile) and
+      as the project's trainer with one model and with a cell's 5 (stacked, or one after another
+      where the trainer's plan says one model fills the GPU: the row says which): ms per step,
+      TFLOP/s (FLOPs per image counted by benchmarks.gpu_hours.count_train_flops, times images)
+      and that as a share of the card's bf16 matmul rate (8192^3, measured in the same run);
+  (c) the trainer end to end on CIFAR-shaped synthetic data (50,000 + 10,000 uint8 images) with the
+      paper's recipe (RandAugment, flips, batch 512), 4 epochs: images/s of epoch 2 (the figure
+      gpu_hours prices with), and min / median of epochs 2-4 (epoch 1 is warm-up); peak memory
+      (torch.cuda.max_memory_allocated) against the estimate the trainer printed;
+  (d) one digits cell as `dvc repro train_impulse@digits-3` trains it: 5 seeds x 160 epochs, Imp.-3,
+      stacked (the cell's whole training, warm-up included, as the stage pays it);
+  (e) one process under torchrun: the launcher, the device plan, the process group's backend;
+  (f) one digits cell (2 seeds, 3 epochs) trained twice in this process: the same bytes or not.
+Timings exclude warm-up (on a GPU the trainer's torch.compile runs in its first epoch) and give
+min and median over repeats. The parts run in the order c, b, a, d, f, e (most wanted first). A
+part that fails writes its error (one line) and the others still run; each part has a share of
+the budget (--budget, 360 s), and a part whose share is gone is skipped, so the command ends in
+time. The file is rewritten after every part: a run cut short still leaves what it measured.
+
+Where it writes: benchmarks/gpu_probe_<card>.md by default (<card>: the card's name, lower case, dashed),
+beside the committed benchmarks/gpu_probe.md, which it replaces only when told to (--out
+benchmarks/gpu_probe.md). That committed file is the one benchmarks/gpu_hours.py prices the paper's
+grid from (read_probe: its ViT-T/2 rate, card and commit); after replacing it run `python -m
+benchmarks.gpu_hours --write` and `python -m benchmarks.readme_answer --write` (the README and docs quote both).
+
+--tiny runs every part at toy sizes on the CPU in well under a minute (the suite runs it:
+tests/test_gpu_probe.py): a tiny ViT, a few images, torch.compile with the eager backend (no C++
+compiler needed), only tests/test_distributed_plan.py's one-process tests. Its file says "tiny
+(CPU): not a measurement", and gpu_hours refuses it. Without a GPU and without --tiny it stops.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import gc
+import hashlib
+import io
+import math
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED = REPO / "benchmarks" / "gpu_probe.md"      # what benchmarks/gpu_hours.py reads
+GPU_TESTS = ["tests/test_fake_cuda.py", "tests/test_memory.py", "tests/test_numerics.py",
+             "tests/test_distributed_plan.py", "tests/test_analysis.py", "tests/test_stacked.py"]
+TINY_LABEL = "tiny (CPU): not a measurement"
+GiB = 2 ** 30
+
+# Section titles and row labels: the writer and read_probe share them, so gpu_hours parses what
+# this writes (tests/test_gpu_probe.py holds both to it).
+SECTIONS = {
+    "machine": "## Machine",
+    "a": "## (a) The suite's GPU-relevant tests",
+    "b": "## (b) One training step alone",
+    "c": "## (c) The trainer end to end, CIFAR-shaped data, the paper's recipe",
+    "d": "## (d) One digits cell: 5 seeds x 160 epochs, Imp.-3",
+    "e": "## (e) One process under torchrun",
+    "f": "## (f) One cell trained twice: the same bytes?",
+}
+MODE_ROW, CARD_ROW, COMMIT_ROW = "mode", "card", "commit"
+MATMUL_ROW = "bf16 matmul rate, TFLOP/s (max / median)"
+FLOPS_ROW = "FLOPs per training image, GFLOP"
+EAGER_ROW, COMPILED_ROW = "plain timm module, eager", "plain timm module, torch.compile"
+TRAINER_ROW, STACK_ROW = "the project's trainer, 1 model", "the project's trainer, stack of"   # ... N
+RATE_ROW = "ViT-T/2 images/s, epoch 2"
+RATES_ROW = "images/s, epochs 2 and later: min / median"
+FIRST_ROW = "epoch 1 (warm-up), s"
+PEAK_ROW = "peak memory (torch.cuda.max_memory_allocated), GiB"
+ESTIMATE_ROW = "memory estimate the trainer printed, GiB"
+RATIO_ROW = "estimate / peak"
+NOT_MEASURED = "not measured"
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """How big each part is: the real measurement, or toy sizes that only exercise the code."""
+    batch: int = 512
+    model: dict | None = None          # overrides of the cifar10 recipe's model (tiny: a toy ViT)
+    warmup: int = 3                    # steps before timing: allocator, kernels, cuBLAS heuristics
+    repeats: int = 5
+    steps_per_repeat: int = 10
+    compile_backend: str = "inductor"
+    trainer_batches: int = 8           # the synthetic set of (b): this many batches per epoch
+    trainer_epochs: int = 4            # epoch 1 is warm-up, the others are the repeats
+    stack: int = 5
+    e2e_train: int = 50_000
+    e2e_test: int = 10_000
+    e2e_batch: int | None = None       # None: the recipe's (512)
+    e2e_epochs: int = 4
+    digits_epochs: int | None = None   # None: the recipe's (160)
+    digits_images: int | None = None   # None: the recipe's training set (all 1,437)
+    same_epochs: int = 3
+    same_images: int | None = None
+    matmul_n: int = 8192
+    matmul_repeats: int = 10
+    matmul_inner: int = 5
+    tests: tuple = tuple(GPU_TESTS)
+    test_filter: str | None = None     # pytest -k
+    torchrun_train_images: int = 512
+    budget: float = 360.0
+    # per part, in the order they run (most wanted first: (c) is the rate gpu_hours prices with):
+    # (seconds it is expected to take, seconds it may take at most). The expectations are what
+    # the later parts keep in reserve: an H100's figures at 4380d9d, plus the trainer's
+    # torch.compile on CUDA (~25 s for ViT-T/2, far less once Inductor's FX graph cache has it).
+    parts: tuple = (("c", 45, 80), ("b", 90, 120), ("a", 50, 100), ("d", 70, 110), ("f", 30, 60),
+                    ("e", 15, 45))
+
+
+TINY = Sizes(batch=16, model=dict(patch_size=8, embed_dim=24, depth=1, num_heads=2), warmup=2, repeats=3,
+             steps_per_repeat=2, compile_backend="eager", trainer_batches=2, trainer_epochs=3,
+             e2e_train=256, e2e_test=64, e2e_batch=32, e2e_epochs=3, digits_epochs=2, digits_images=128,
+             same_epochs=1, same_images=128, matmul_n=256, matmul_repeats=3, matmul_inner=2,
+             tests=("tests/test_distributed_plan.py",), torchrun_train_images=0,
+             # the plan's own tests; the two-process one starts processes (15 s on 2 cores)
+             test_filter="not two_processes", budget=240.0,
+             parts=(("c", 5, 60), ("b", 10, 60), ("a", 10, 60), ("d", 10, 60), ("f", 5, 60), ("e", 15, 60)))
+
+
+# ---- small tools: timing, limits, formatting --------------------------------------------------
+
+T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[probe {time.perf_counter() - T0:5.0f} s] {msg}", flush=True)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_repeats(fn, device: torch.device, *, warmup: int, repeats: int, inner: int) -> list[float]:
+    """Seconds per call of fn, one figure per repeat of `inner` calls, after `warmup` calls.
+    On a GPU, CUDA events on the stream: the GPU's timeline, idle gaps included (a host that
+    cannot keep the GPU fed shows up as time, as it should)."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    out = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner):
+                fn()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end) / 1e3 / inner)
+        else:
+            t = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            out.append((time.perf_counter() - t) / inner)
+    return out
+
+
+class PartTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """Raise PartTimeout in this (the main) thread after `seconds`: a part that overruns its
+    share of the budget ends with a one-line error instead of eating the later parts' time."""
+    def expire(signum, frame):
+        raise PartTimeout(f"did not finish within its {seconds:.0f} s share of the budget")
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    """A github table; cells are written as given (formatting is the caller's)."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def n(x: float | None, digits: int = 0) -> str:
+    return NOT_MEASURED if x is None else f"{x:,.{digits}f}"
+
+
+def sig(x: float) -> str:
+    """Three significant figures: TFLOP/s of an H100 (133) and of a toy model on a CPU (0.0012) alike."""
+    return f"{x:.3g}"
+
+
+def min_median(xs: list[float], digits: int, scale: float = 1.0) -> tuple[str, str]:
+    return n(min(xs) * scale, digits), n(statistics.median(xs) * scale, digits)
+
+
+def free_memory() -> None:
+    """Drop what the last part left on the device, so that the next part's peak is its own."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / GiB if device.type == "cuda" else None
+
+
+def extended_pythonpath() -> dict:
+    """The environment for a child process: the repository put in front of PYTHONPATH, never in
+    place of it (a GPU image may keep the project's packages in a folder named there)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+# ---- the recipe's model and data -----------------------------------------------------------
+
+def load_recipe(dataset: str, sizes: Sizes) -> tuple[dict, dict, dict]:
+    """(params, model shape, train settings) of params.yaml's recipe; tiny: a toy model."""
+    from structinit.pipeline.params import load_params
+    params = load_params(REPO / "params.yaml")
+    rec = params["recipes"][dataset]
+    return params, {**rec["model"], **(sizes.model or {})}, dict(rec["train"])
+
+
+def synthetic_data(spec, n_train: int, n_test: int, seed: int = 0):
+    """uint8 images of the dataset's shape and random labels: what the trainer costs does not
+    depend on what the pixels show (RandAugment's ops are data-independent in cost)."""
+    from structinit.data.tensors import ImageData
+    g = torch.Generator().manual_seed(seed)
+    shape = (spec.channels, spec.image_size, spec.image_size)
+    return ImageData(spec=spec, train_images=torch.randint(0, 256, (n_train, *shape), dtype=torch.uint8, generator=g),
+                     train_labels=torch.randint(0, spec.num_classes, (n_train,), generator=g),
+                     test_images=torch.randint(0, 256, (n_test, *shape), dtype=torch.uint8, generator=g),
+                     test_labels=torch.randint(0, spec.num_classes, (n_test,), generator=g))
+
+
+def train_config(train: dict, **override):
+    import structinit as si
+    return si.TrainConfig(**{**train, **override})
+
+
+# ---- the parts -----------------------------------------------------------------------------
+
+def machine_rows(device: torch.device, tiny: bool) -> tuple[list[list[str]], str, str]:
+    """The Machine table's rows, the card's name and the short commit."""
+    import timm
+
+    def run(*cmd) -> str | None:
+        try:
+            r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=20)
+            return r.stdout.strip() if r.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        name = props.name
+        card = f"{name} ({props.total_memory / GiB:.1f} GiB, {props.multi_processor_count} SMs)"
+        driver = run("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader") or "unknown (no nvidia-smi)"
+        cuda = f"{torch.version.cuda} (torch's build), cuDNN {torch.backends.cudnn.version()}"
+    else:
+        name, driver, cuda = "the CPU", "-", "-"
+        card = "none: " + name
+    head = run("git", "rev-parse", "--short", "HEAD")
+    dirty = run("git", "status", "--porcelain", "--untracked-files=no")
+    commit = ("unknown (no git)" if head is None
+              else f"{head} ({'dirty: tracked files differ from it' if dirty else 'clean'})")
+    mode = TINY_LABEL if tiny else "full"
+    rows = [[MODE_ROW, mode], [CARD_ROW, card], ["driver", driver], ["CUDA", cuda], ["torch", torch.__version__],
+            ["timm", timm.__version__], ["Python", sys.version.split()[0]],
+            [COMMIT_ROW, commit], ["CPU cores", str(os.cpu_count())]]
+    return rows, name, head or "unknown"
+
+
+def part_tests(device, sizes: Sizes, limit: float, tiny: bool) -> str:
+    """pytest in a subprocess on the GPU-relevant files: counts from its JUnit XML."""
+    import importlib.util
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = Path(tmp) / "junit.xml"
+        cmd = [sys.executable, "-m", "pytest", *sizes.tests, "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+               f"--junitxml={xml}"]
+        if sizes.test_filter:
+            cmd += ["-k", sizes.test_filter]
+        if not tiny and importlib.util.find_spec("xdist"):
+            cmd += ["-n", str(min(8, os.cpu_count() or 1))]   # 44 s with -n 8 on the H100 machine's 16 cores
+        t = time.perf_counter()
+        r = subprocess.run(cmd, cwd=REPO, env=extended_pythonpath(), capture_output=True, text=True,
+                           timeout=limit)
+        seconds = time.perf_counter() - t
+        if not xml.exists():
+            tail = (r.stdout + r.stderr).strip().splitlines()
+            raise RuntimeError(f"pytest exited {r.returncode} without a report: {tail[-1] if tail else ''}")
+        counts, failures = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}, []
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+            kind = next((c.tag for c in case if c.tag in ("failure", "error", "skipped")), None)
+            counts[{"failure": "failed", "error": "errors", "skipped": "skipped", None: "passed"}[kind]] += 1
+            if kind in ("failure", "error"):
+                message = (next(c for c in case if c.tag == kind).get("message") or "").splitlines()
+                failures.append(f"- {kind}: `{name}`: {message[0][:200] if message else ''}")
+    only = f" -k '{sizes.test_filter}'" if sizes.test_filter else ""
+    body = f"`{' '.join(['pytest', *sizes.tests])}{only}` ({seconds:.0f} s, exit {r.returncode})\n\n"
+    body += table(["passed", "failed", "errors", "skipped"], [list(counts.values())])
+    return body + ("\nFailures:\n\n" + "\n".join(failures) + "\n" if failures else "\nNo failures.\n")
+
+
+def matmul_rate(device, sizes: Sizes) -> tuple[float, float]:
+    """The card's bf16 matrix-product rate (TFLOP/s, max and median over repeats): what the
+    step's TFLOP/s is a share of. Max: the rate the card can reach, not its clock's bad moment."""
+    k = sizes.matmul_n
+    a, b = (torch.randn(k, k, device=device, dtype=torch.bfloat16) for _ in range(2))
+    out = torch.empty_like(a)
+    times = time_repeats(lambda: torch.matmul(a, b, out=out), device, warmup=3, repeats=sizes.matmul_repeats,
+                         inner=sizes.matmul_inner)
+    rates = [2 * k ** 3 / t / 1e12 for t in times]
+    return max(rates), statistics.median(rates)
+
+
+def plain_step(model, x, y, train: dict, device, compile_backend: str | None):
+    """One training step of a plain timm module, as a straightforward script writes it: bf16
+    autocast, cross-entropy with the recipe's label smoothing, clip, fused AdamW (no decay on
+    1-D parameters, as the trainer)."""
+    model.to(device).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.ndim > 1], "weight_decay": train["weight_decay"]},
+              {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=train["lr"], eps=train["adam_eps"], fused=True)
+    forward = torch.compile(model, backend=compile_backend) if compile_backend else model
+    clip = train.get("grad_clip") or math.inf
+
+    def step():
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            logits = forward(x)
+        loss = F.cross_entropy(logits.float(), y, label_smoothing=train["label_smoothing"])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step()
+    return step
+
+
+class Tee(io.TextIOBase):
+    """stdout that also keeps what went through it (stream None: keeps it only): the trainer
+    says how it trains (stacked or one model after another, compiled or not) and its memory
+    estimate in lines it prints."""
+
+    def __init__(self, stream=None):
+        self.stream, self.parts = stream, []
+
+    def write(self, s):
+        self.parts.append(s)
+        return self.stream.write(s) if self.stream else len(s)
+
+    def flush(self):
+        if self.stream:
+            self.stream.flush()
+
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+def train_and_listen(models, data, cfgs, device, echo: bool, **kw) -> tuple[list[list[dict]], str]:
+    """structinit.train_models with its log on (progress bars dropped): (histories, what it printed)."""
+    import structinit as si
+    tee = Tee(sys.stdout if echo else None)
+    with contextlib.redirect_stdout(tee), contextlib.redirect_stderr(io.StringIO()):
+        histories = si.train_models(models, data, cfgs, device=device, progress=True, **kw)
+    return histories, tee.text()
+
+
+def how_it_trained(said: str) -> str:
+    """The trainer's own account: its 'training ...' lines, a plan to train one after another,
+    a compile that failed."""
+    keep = [line.strip() for line in said.splitlines()
+            if line.startswith(("training ", "warning: torch.compile"))]
+    return " / ".join(dict.fromkeys(keep)).replace("|", "/")[:400]
+
+
+def trainer_step_seconds(models_n: int, spec, model_cfg: dict, train: dict, device,
+                         sizes: Sizes) -> tuple[list[float], str]:
+    """Seconds per step of the project's trainer for all `models_n` models, through its public
+    API: train_models on a synthetic set of `trainer_batches` batches, RandAugment and flips off
+    (the step alone, but for the trainer's batch gather and normalization), evaluation only after
+    the last epoch (outside train_seconds anyway); one figure per epoch after the first (which
+    holds the compilation on a GPU). The trainer decides how N models train: stacked, every
+    model's history then carries the stack's time, or one after another (on a GPU, when one
+    model's step fills it), each history its own model's time, summed here. Returns (seconds,
+    what the trainer said)."""
+    from structinit.pipeline.build import build_model
+    data = synthetic_data(spec, sizes.trainer_batches * sizes.batch, sizes.batch)
+    epochs = sizes.trainer_epochs
+    cfgs = [train_config(train, epochs=epochs, batch_size=sizes.batch, eval_every=epochs, randaugment=None,
+                         hflip=False, warmup_epochs=1, seed=s) for s in range(models_n)]
+    models = [build_model(model_cfg, spec) for _ in range(models_n)]
+    histories, said = train_and_listen(models, data, cfgs, device, echo=False)
+    one_by_one = "one after another" in said
+    seconds = [sum(h[e]["train_seconds"] for h in (histories if one_by_one else histories[:1]))
+               / sizes.trainer_batches for e in range(1, epochs)]
+    return seconds, ("one after another: " if one_by_one else "") + how_it_trained(said)
+
+
+def part_step(device, sizes: Sizes, state: dict) -> str:
+    from benchmarks.gpu_hours import count_train_flops
+    from structinit.data.specs import get_spec
+    from structinit.pipeline.build import build_model
+
+    _, model_cfg, train = load_recipe("cifar10", sizes)
+    spec = get_spec("cifar10")
+    gflop = count_train_flops(build_model(model_cfg, spec), spec.image_size, spec.channels) / 1e9
+    state["gflop"] = gflop
+    log(f"(b) {sig(gflop)} GFLOP per training image; the bf16 matmul rate ...")
+    peak_rate, median_rate = matmul_rate(device, sizes)
+    state["matmul"] = peak_rate
+    log(f"(b) matmul {sizes.matmul_n}^3 bf16: max {sig(peak_rate)} TFLOP/s")
+    shape = ", ".join(f"{k} {v}" for k, v in model_cfg.items())
+    intro = table(["what", "value"], [
+        ["model", f"ViT ({shape}), 32x32 RGB, 10 classes: params.yaml's cifar10 recipe"
+                  + (", its shape made a toy's (--tiny)" if sizes.model else "")],
+        [MATMUL_ROW, f"{sig(peak_rate)} / {sig(median_rate)}"],
+        ["how the matmul rate was timed", f"torch.matmul of {sizes.matmul_n}^3 bf16 into a preallocated output, "
+                                          f"{sizes.matmul_repeats} repeats of {sizes.matmul_inner}, "
+                                          f"{'CUDA events' if device.type == 'cuda' else 'perf_counter'}"],
+        [FLOPS_ROW, f"{sig(gflop)} (forward + backward, benchmarks.gpu_hours.count_train_flops)"]])
+    rows = []
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(sizes.batch, spec.channels, spec.image_size, spec.image_size, generator=g).to(device)
+    y = torch.randint(0, spec.num_classes, (sizes.batch,), generator=g).to(device)
+
+    def row(label, seconds: list[float], models_n: int, how: str):
+        tflops = gflop * 1e9 * sizes.batch * models_n / min(seconds) / 1e12
+        peak = peak_gib(device)
+        rows.append([label, models_n, sizes.batch, *min_median(seconds, 1, 1e3), sig(tflops),
+                     f"{tflops / peak_rate:.3f}", n(peak, 2), how])
+        log(f"(b) {label}: {min(seconds) * 1e3:.1f} ms per step, {sig(tflops)} TFLOP/s")
+
+    out_of_time = []
+
+    def attempt(label, fn):
+        if out_of_time:                    # the alarm fires once: what is left is skipped, not unlimited
+            rows.append([label, "", "", "skipped: the part's share of the budget was spent", "", "", "", "", ""])
+            return
+        free_memory()
+        try:
+            fn()
+        except Exception as e:            # one row failing (out of memory, out of time) leaves the others
+            rows.append([label, "", "", f"error: {one_line(e)}", "", "", "", "", ""])
+            log(f"(b) {label}: {one_line(e)}")
+            if isinstance(e, PartTimeout):
+                out_of_time.append(label)
+        free_memory()
+
+    timing = dict(warmup=sizes.warmup, repeats=sizes.repeats, inner=sizes.steps_per_repeat)
+    how_plain = (f"one fixed batch; {sizes.warmup} warm-up steps, {sizes.repeats} repeats of "
+                 f"{sizes.steps_per_repeat} steps")
+
+    def eager():
+        step = plain_step(build_model(model_cfg, spec), x, y, train, device, None)
+        row(EAGER_ROW, time_repeats(step, device, **timing), 1, how_plain)
+
+    def compiled():
+        step = plain_step(build_model(model_cfg, spec), x, y, train, device, sizes.compile_backend)
+        try:
+            t = time.perf_counter()
+            step()                         # the compilation: timed apart, never in the rate
+            sync(device)
+            first = time.perf_counter() - t
+            row(COMPILED_ROW, time_repeats(step, device, **timing), 1,
+                f"the model under torch.compile (backend {sizes.compile_backend}; first step {first:.1f} s, "
+                f"not counted); {how_plain}")
+        finally:
+            torch._dynamo.reset()          # drop the compiled graphs and what they hold
+
+    def trainer(label, models_n):
+        def run():
+            seconds, said = trainer_step_seconds(models_n, spec, model_cfg, train, device, sizes)
+            row(label, seconds, models_n,
+                f"{said}; structinit.train_models, a synthetic set of {sizes.trainer_batches} batches, RandAugment "
+                f"and flips off, {sizes.trainer_epochs} epochs: train_seconds of epochs 2-{sizes.trainer_epochs} "
+                f"(of every model, where they train one after another) / steps")
+        return run
+
+    attempt(EAGER_ROW, eager)
+    attempt(COMPILED_ROW, compiled)
+    attempt(TRAINER_ROW, trainer(TRAINER_ROW, 1))
+    stack = f"{STACK_ROW} {sizes.stack}"
+    attempt(stack, trainer(stack, sizes.stack))
+    steps = table(["step", "models", "batch per model", "ms per step, min", "ms per step, median",
+                   "TFLOP/s (at the min)", "share of the matmul rate", "peak GiB", "how"], rows)
+    return (intro + "\nbf16 autocast, fused AdamW, clip at the recipe's grad_clip, label smoothing "
+            "as the recipe; TFLOP/s = counted FLOPs per image x images per step / seconds per step.\n\n" + steps)
+
+
+def part_end_to_end(device, sizes: Sizes, state: dict) -> str:
+    import structinit as si
+    from structinit.data.specs import get_spec
+    from structinit.pipeline.build import build_model
+    from structinit.training.memory import estimate_training_memory
+
+    _, model_cfg, train = load_recipe("cifar10", sizes)
+    spec = get_spec("cifar10")
+    batch = sizes.e2e_batch or train["batch_size"]
+    data = synthetic_data(spec, sizes.e2e_train, sizes.e2e_test)
+    model = build_model(model_cfg, spec)
+    si.initialize(model, "trunc_normal", seed=0)
+    epochs = sizes.e2e_epochs
+    # the recipe as it stands (RandAugment, flips, amp auto: bf16 on a GPU); evaluation once,
+    # after the last epoch: it is outside train_seconds, and every epoch's would only cost time
+    cfg = train_config(train, epochs=epochs, batch_size=batch, eval_every=epochs)
+    free_memory()
+    before = torch.cuda.memory_allocated(device) / GiB if device.type == "cuda" else None
+    histories, said = train_and_listen([model], data, [cfg], device, echo=True)
+    history = histories[0]
+    peak = peak_gib(device)
+    printed = re.search(r"memory estimate ([\d.]+) GiB", said)
+    dtype = re.search(r" in (bf16|fp32|fp16)\b", said)
+    if printed:
+        estimate, source = float(printed[1]), "the trainer's own line"
+    else:                                  # the trainer printed none: the same call, made here
+        dtype_name = dtype[1] if dtype else ("bf16" if device.type == "cuda" else "fp32")
+        est = estimate_training_memory([model], data.train_images[:8].float(), batch=batch, micro_batch=None,
+                                       dtype=dtype_name, data_bytes=data.train_images.nbytes + data.test_images.nbytes,
+                                       test_images=sizes.e2e_test, device_type=device.type)
+        estimate, source = est.total_bytes / GiB, "estimate_training_memory called by the probe (no line printed)"
+    rates = [h["images_per_s"] for h in history[1:]]
+    state["rate"] = history[1]["images_per_s"]
+    log(f"(c) epoch 2: {history[1]['images_per_s']:.0f} img/s; peak (GiB) {n(peak, 2)}, estimate {estimate:.2f} GiB")
+    ratio = f"{estimate / peak:.3f}" if peak else "- (no CUDA peak on the CPU)"
+    rows = [[RATE_ROW, n(history[1]["images_per_s"]), f"training images / train_seconds of epoch 2 of {epochs}"],
+            [RATES_ROW, " / ".join(min_median(rates, 0)), f"epochs 2-{epochs}"],
+            [FIRST_ROW, f"{history[0]['train_seconds']:.1f}",
+             "torch.compile (on a GPU), kernels, allocator, cuBLAS heuristics"],
+            [PEAK_ROW, n(peak, 2), "reset before the run" + (f" ({before:.2f} GiB held before it)" if before else "")],
+            [ESTIMATE_ROW, f"{estimate:.2f}", source],
+            [RATIO_ROW, ratio, "tests/test_memory.py holds 1.00-1.25 on a GPU"],
+            ["how the trainer trained", how_it_trained(said) or "-", "its own log line"]]
+    what = (f"{sizes.e2e_train:,} train + {sizes.e2e_test:,} test synthetic uint8 images (3x32x32), "
+            f"`structinit.train_models`, one model (Trunc Normal), batch {batch}, RandAugment "
+            f"{train.get('randaugment')}, flips {train.get('hflip')}, precision "
+            f"{dtype[1] if dtype else 'as the trainer chose'}, {epochs} epochs.\n\n")
+    return what + table(["what", "value", "how"], rows)
+
+
+@functools.cache
+def digits_data():
+    import structinit as si
+    return si.prepare_dataset("digits")
+
+
+def digits_cell(params, seeds, epochs: int | None, images: int | None, device):
+    """One cell of the main grid on digits, Imp.-3, as its training stage builds and trains it
+    (stages/train.py): the recipe, the stratified subset, the cell's models solved here with
+    the closed form (preoptimize's solver), every seed stacked (or as the trainer plans).
+    Returns (models, histories, solve seconds, training seconds, what the trainer printed)."""
+    import structinit as si
+    from structinit.data.tensors import stratified_subset
+    from structinit.pipeline.build import CellModel, build_cell_model
+
+    data = digits_data()
+    subset = stratified_subset(data.train_labels, params["data"]["train_size"], seed=params["data"]["subset_seed"])
+    if images:
+        subset = subset[:images]
+    train = dict(params["recipes"]["digits"]["train"])
+    if epochs:
+        train["epochs"] = epochs
+    cfgs = [si.TrainConfig(**train, seed=s) for s in seeds]
+    t = time.perf_counter()
+    models = [build_cell_model(CellModel(dataset="digits", init="impulse3"), params, data.spec, s)[0] for s in seeds]
+    solve = time.perf_counter() - t
+    t = time.perf_counter()
+    histories, said = train_and_listen(models, data, cfgs, device, echo=False, train_indices=subset)
+    sync(device)
+    return models, histories, solve, time.perf_counter() - t, said
+
+
+def part_digits(device, sizes: Sizes, state: dict) -> str:
+    params, _, train = load_recipe("digits", sizes)
+    seeds = params["grid"]["seeds"][:5]
+    _, histories, solve, seconds, said = digits_cell(params, seeds, sizes.digits_epochs, sizes.digits_images, device)
+    epochs = len(histories[0])
+    per_epoch = [h["seconds"] for h in histories[0][1:]]
+    state["digits"] = seconds
+    log(f"(d) {len(seeds)} seeds x {epochs} epochs: {seconds:.1f} s")
+    accs = ", ".join(f"{h[-1]['test_acc'] * 100:.2f}" for h in histories)
+    return table(["what", "value"], [
+        ["seeds x epochs", f"{len(seeds)} x {epochs} (batch {train['batch_size']}, evaluation every "
+                           f"{train.get('eval_every', 1)} epochs, as the stage)"],
+        ["the cell's training, s (train_models, warm-up included)", f"{seconds:.1f}"],
+        ["seconds per epoch, epochs 2 and later: min / median (evaluation included where due)",
+         " / ".join(min_median(per_epoch, 3)) if per_epoch else NOT_MEASURED],
+        ["model-img/s, epochs 2 and later: median",
+         n(statistics.median(h["images_per_s"] for h in histories[0][1:]) * len(seeds)) if per_epoch else NOT_MEASURED],
+        ["Imp.-3 solves (closed form, here; the stage reads preoptimize's), s", f"{solve:.2f}"],
+        ["final test acc per seed, %", accs], ["how the trainer trained", how_it_trained(said) or "-"]])
+
+
+def torchrun_job(tiny: bool) -> None:
+    """What the probe runs under torchrun (--torchrun-job): the device plan, a process group on
+    its backend, one all-reduce on the device, and a few steps of the trainer with the context."""
+    import torch.distributed as dist
+
+    import structinit as si
+    from structinit.distributed import DistributedContext
+
+    ctx = DistributedContext.from_env()
+    plan = ctx.plan()
+    device = ctx.device()
+    # ctx.start() joins a group only for 2+ processes; join here so the backend itself starts
+    dist.init_process_group(plan.backend)
+    t = torch.full((1,), float(ctx.rank + 1), device=device)
+    dist.all_reduce(t)
+    said = (f"rank {ctx.rank} of {ctx.world_size}, LOCAL_RANK {ctx.local_rank}, backend {plan.backend}, "
+            f"device {device}, all_reduce {t.item():g}")
+    images = (TINY if tiny else Sizes()).torchrun_train_images
+    if images:                             # tiny: the launcher alone (timm's import is seconds on 2 cores)
+        from structinit.models.vit import create_vit
+        data = si.prepare_dataset("digits")
+        model = create_vit(img_size=8, patch_size=1, embed_dim=24, depth=1, num_heads=2, num_classes=10, in_chans=1)
+        # compile off: the job checks the launcher, and a compilation would be most of its time
+        cfg = si.TrainConfig(epochs=1, batch_size=64, warmup_epochs=0, randaugment=None, hflip=False, compile="off")
+        history = si.train_models([model], data, [cfg], device=device, train_indices=torch.arange(images), ctx=ctx,
+                                  progress=False)[0]
+        said += f", trained {len(history)} epoch of {images} digits: train loss {history[-1]['train_loss']:.3f}"
+    dist.destroy_process_group()
+    print(f"torchrun job: {said}", flush=True)
+
+
+def part_torchrun(device, sizes: Sizes, limit: float, tiny: bool) -> str:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+           "-m", "benchmarks.gpu_probe", "--torchrun-job", *(["--tiny"] if tiny else [])]
+    t = time.perf_counter()
+    r = subprocess.run(cmd, cwd=REPO, env=extended_pythonpath(), capture_output=True, text=True, timeout=limit)
+    seconds = time.perf_counter() - t
+    said = [line for line in r.stdout.splitlines() if line.startswith("torchrun job:")]
+    if r.returncode != 0 or not said:
+        tail = (r.stdout + r.stderr).strip().splitlines()
+        raise RuntimeError(f"torchrun exited {r.returncode}: {tail[-1] if tail else 'no output'}")
+    log(f"(e) {said[0]}")
+    two = ("NCCL itself (2 processes, one GPU each) needs 2 GPUs: not tested here; on one GPU, "
+           "STRUCTINIT_NPROC=2 is refused by design (structinit.distributed.plan_devices)")
+    return table(["what", "value"], [
+        ["command", "`python -m torch.distributed.run --standalone --nproc-per-node=1 -m benchmarks.gpu_probe "
+                    "--torchrun-job`"],
+        ["exit status", str(r.returncode)], ["wall, s (launcher and imports included)", f"{seconds:.1f}"],
+        ["the job said", said[0].removeprefix("torchrun job: ")], ["two processes", two]])
+
+
+def state_sha256(models) -> str:
+    """sha256 of every model's state dict, keys in order, bytes as stored (any dtype)."""
+    h = hashlib.sha256()
+    for model in models:
+        for key, t in model.state_dict().items():
+            h.update(key.encode())
+            h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def part_same_bytes(device, sizes: Sizes, state: dict) -> str:
+    params, _, _ = load_recipe("digits", sizes)
+    seeds = params["grid"]["seeds"][:2]
+    digests = []
+    for _ in range(2):
+        models, *_ = digits_cell(params, seeds, sizes.same_epochs, sizes.same_images, device)
+        digests.append(state_sha256(models))
+        del models
+    same = digests[0] == digests[1]
+    state["same"] = same
+    log(f"(f) same bytes: {same}")
+    return table(["what", "value"], [
+        ["cell", f"digits, Imp.-3, seeds {seeds}, {sizes.same_epochs} epochs, stacked, trained twice in this "
+                 "process (tests/test_numerics.py runs two fresh processes)"],
+        ["sha256, run 1", f"`{digests[0][:16]}...`"], ["sha256, run 2", f"`{digests[1][:16]}...`"],
+        ["the same bytes", "yes" if same else "no"]])
+
+
+# ---- the file --------------------------------------------------------------------------------
+
+def render(label: str, machine: list[list[str]], bodies: dict[str, str], command: str, seconds: float | None) -> str:
+    took = f" in {seconds:.0f} s" if seconds is not None else " (running: parts not yet run say so)"
+    out = [f"# GPU probe: {label}\n", f"Written by `{command}`{took}. What each part measures and how: the "
+           "docstring of benchmarks/gpu_probe.py.\n", SECTIONS["machine"] + "\n", table(["what", "value"], machine)]
+    for key in "abcdef":
+        out += [SECTIONS[key] + "\n", bodies.get(key, "not run yet\n")]
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", help="the file to write (default: benchmarks/gpu_probe_<card>.md)")
+    ap.add_argument("--tiny", action="store_true", help="toy sizes on the CPU: tests the probe, measures nothing")
+    ap.add_argument("--budget", type=float, help="seconds for the whole probe (default 360; tiny 240)")
+    ap.add_argument("--skip", nargs="*", default=[], choices=list("abcdef"), help="parts not to run")
+    ap.add_argument("--torchrun-job", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.torchrun_job:
+        return torchrun_job(a.tiny)
+    sizes = TINY if a.tiny else Sizes()
+    budget = a.budget or sizes.budget
+    import structinit as si
+    device = si.default_device()
+    if a.tiny:
+        device = torch.device("cpu")       # toy sizes on a GPU would measure nothing either
+    elif device.type != "cuda":
+        sys.exit("gpu_probe: no GPU visible to torch; --tiny runs every part at toy sizes on the CPU")
+    slug = "tiny-cpu" if a.tiny else re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(device).lower()).strip("-")
+    out = Path(a.out) if a.out else REPO / "benchmarks" / f"gpu_probe_{slug}.md"
+    command = "python -m benchmarks.gpu_probe" + (" --tiny" if a.tiny else "") + (f" --out {a.out}" if a.out else "")
+    machine, card, commit = machine_rows(device, a.tiny)
+    label = TINY_LABEL if a.tiny else f"{card}, torch {torch.__version__}, project at {commit}"
+    log(f"{label}; writing {out}; budget {budget:.0f} s")
+    bodies, state = {}, {}
+
+    def write(seconds=None):            # after every part: a run cut short keeps what it measured
+        out.write_text(render(label, machine, bodies, command, seconds))
+    write()
+    deadline = T0 + budget
+    expected = dict((k, e) for k, e, _ in sizes.parts)
+    runners = {"a": lambda limit: part_tests(device, sizes, limit, a.tiny),
+               "b": lambda limit: part_step(device, sizes, state),
+               "c": lambda limit: part_end_to_end(device, sizes, state),
+               "d": lambda limit: part_digits(device, sizes, state),
+               "e": lambda limit: part_torchrun(device, sizes, limit, a.tiny),
+               "f": lambda limit: part_same_bytes(device, sizes, state)}
+    order = [k for k, _, _ in sizes.parts]
+    for i, (key, _, cap) in enumerate(sizes.parts):
+        if key in a.skip:
+            bodies[key] = "skipped (--skip)\n"
+            continue
+        reserve = sum(expected[k] for k in order[i + 1:] if k not in a.skip)
+        limit = min(cap, deadline - time.perf_counter() - reserve)
+        if limit < expected[key] / 2:
+            bodies[key] = f"skipped: {limit:.0f} s of the {budget:.0f} s budget left for it\n"
+            log(f"({key}) skipped: out of budget")
+            continue
+        log(f"({key}) {SECTIONS[key].split(') ')[1]} (at most {limit:.0f} s)")
+        free_memory()
+        try:
+            # subprocess parts get their timeout; the alarm is a backstop a little later
+            with time_limit(limit + 5):
+                bodies[key] = runners[key](limit)
+        except subprocess.TimeoutExpired:
+            bodies[key] = f"error: timed out after {limit:.0f} s (its share of the budget)\n"
+            log(f"({key}) timed out")
+        except Exception as e:
+            bodies[key] = f"error: {one_line(e)}\n"
+            log(f"({key}) error: {one_line(e)}")
+        write()
+    write(time.perf_counter() - T0)
+    said = {"matmul": "bf16 matmul {:.3g} TFLOP/s", "rate": "the trainer end to end {:,.0f} img/s",
+            "digits": "digits cell {:.1f} s", "same": "same bytes twice: {}"}
+    log(f"wrote {out}: " + "; ".join(f.format(state[k]) for k, f in said.items() if k in state))
+
+
+# ---- reading a probe file (benchmarks/gpu_hours.py) ------------------------------------------
+
+class ProbeFileError(ValueError):
+    """A probe file that cannot price the grid: missing, a tiny run, or without the rate."""
+
+
+def number(cell: str) -> float | None:
+    """The first number in a cell ("5,032", "13.22 / 13.30"); None where there is none."""
+    m = re.search(r"-?\d[\d,]*(?:\.\d+)?", cell or "")
+    return float(m[0].replace(",", "")) if m else None
+
+
+def parse_tables(text: str) -> dict[str, list[dict]]:
+    """{section title: [row as {header: cell}]} for every table of the file."""
+    sections: dict[str, list[dict]] = {}
+    title, headers = "", None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            title, headers = line.strip(), None
+        elif line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if headers is None:
+                headers = cells
+            elif not set(line.replace("|", "").strip()) <= set("-: "):
+                sections.setdefault(title, []).append(dict(zip(headers, cells)))
+        else:
+            headers = None
+    return sections
+
+
+def read_probe(path: str | Path = COMMITTED) -> dict:
+    """What gpu_hours needs from a probe file: the card, the commit, torch, the ViT-T/2 rate
+    end to end (img/s of epoch 2), the TFLOP/s it is (counted FLOPs), and the memory figures
+    (None where not measured). ProbeFileError where the file cannot give a rate."""
+    path = Path(path)
+    if not path.exists():
+        raise ProbeFileError(f"{path}: no such probe file; run python -m benchmarks.gpu_probe on a GPU")
+    tables = parse_tables(path.read_text())
+
+    def value(section: str, what: str, column: str = "value") -> str | None:
+        return next((r.get(column) for r in tables.get(SECTIONS[section], []) if r.get("what") == what), None)
+
+    mode = value("machine", MODE_ROW) or ""
+    if mode.startswith("tiny"):
+        raise ProbeFileError(f"{path} is a {TINY_LABEL}: run python -m benchmarks.gpu_probe on a GPU")
+    rate = number(value("c", RATE_ROW))
+    if rate is None or rate <= 0:
+        raise ProbeFileError(f"{path} has no ViT-T/2 rate (the row '{RATE_ROW}' of '{SECTIONS['c']}'): "
+                             "run python -m benchmarks.gpu_probe on a GPU and price from its file")
+    stack = next((r for r in tables.get(SECTIONS["b"], []) if r.get("step", "").startswith(STACK_ROW)), {})
+    return {"card": (value("machine", CARD_ROW) or "an unnamed card").split(" (")[0],
+            "commit": (value("machine", COMMIT_ROW) or "unknown").split(" (")[0],
+            "torch": value("machine", "torch") or "unknown", "mode": mode, "rate": rate,
+            "gflop": number(value("b", FLOPS_ROW)), "peak_gib": number(value("c", PEAK_ROW)),
+            "estimate_gib": number(value("c", ESTIMATE_ROW)),
+            "stack_models": number(stack.get("models")), "stack_peak_gib": number(stack.get("peak GiB")),
+            "stack_one_by_one": "one after another" in stack.get("how", "")}
+
+
+if __name__ == "__main__":
+    main()

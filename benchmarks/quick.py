@@ -1,0 +1,362 @@
+"""A quick look: the real pipeline on a reduced budget, in a temporary copy, in minutes.
+
+    ./run.sh quick                          # the same as: python -m benchmarks.quick
+    python -m benchmarks.quick --dry-run    # what it would run, and the time it expects; trains nothing
+    python -m benchmarks.quick --epochs 40 --seeds 0 1 2 --arms trunc_normal impulse3 -S data.train_size=0.5
+
+Copies the working tree (code and params.yaml; no results, reports, models or DVC lock: as
+if nothing had run) into a temporary folder, writes a reduced budget into the copy's
+params.yaml (default: 30 epochs instead of the recipe's 160, with its 5 % warm-up; seeds 0
+and 1; the main grid's arms; the test set every epoch; every study off; the speed endpoint
+at half the budget), checks it as `check_params` would, and runs `dvc repro aggregate curves`
+there: the same stages, code and reports as `./run.sh repro`, on less. The committed results
+and reports in this repository stay as they are; the copy is deleted after (`--keep` keeps it).
+
+Prints what to expect first (when the arms leave chance, from the committed run's curves),
+then each stage as it starts, then what the run learned: each arm's test accuracy per epoch
+(a text curve and a table), each arm's final accuracy, the primary contrast at the last epoch
+and the speed endpoint (params.yaml contrasts.speed: test accuracy early in training), each
+with its paired interval. It is a quick look, not the result: 2 seeds and a fifth of the
+budget, so its intervals are wide and its accuracies are not the converged ones.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+DATASET = "digits"
+EPOCHS = 30                       # of the recipe's 160: the curves leave the plateau before it ends
+SEEDS = [0, 1]
+SPEED_FRACTION = 0.5              # the speed endpoint at half the budget (the pipeline's 1/8 of 30
+                                  # epochs is epoch 4, inside the plateau where the arms all sit at chance)
+TARGETS = ("aggregate", "curves")
+SKIPPED = ("results", "reports", "dvc.lock", "artifacts", "models", "data", "logs")   # as if nothing had run
+STAGE = re.compile(r"Running stage '([^']+)'")
+CHANCE = 12.5                     # % test accuracy: 10 classes, so 8-12 % is chance
+BARS = "▁▂▃▄▅▆▇█"
+
+
+# ---- the reduced params -----------------------------------------------------------------------
+
+def quick_params(params: dict, epochs: int = EPOCHS, seeds: list[int] = SEEDS, arms: list[str] | None = None,
+                 overrides: list[str] = ()) -> dict:
+    """params.yaml with the quick budget: `epochs` (the recipe's warm-up share kept), `seeds`,
+    `arms` (default: the main grid's), the test set every epoch, every study off, the speed
+    endpoint at SPEED_FRACTION; then `overrides` ("key.path=value", YAML values, as dvc exp run -S)."""
+    from structinit.pipeline import cells
+
+    p = yaml.safe_load(yaml.safe_dump(params))
+    grid = p["grid"]
+    main = cells.main_inits(p)
+    arms = list(arms or main)
+    unknown = [a for a in arms if a not in main and cells.impulse_kernel(a) is None and a not in grid["baselines"]]
+    if unknown:
+        raise ValueError(f"--arms {unknown}: not an arm of the main grid {main}")
+    kernels = [cells.impulse_kernel(a) for a in arms if cells.impulse_kernel(a) is not None]
+    if not kernels:
+        raise ValueError(f"--arms {arms}: name at least one structured-init arm (e.g. impulse3): it is what the "
+                         "quick look compares")
+    grid.update(datasets=[DATASET], streamed_datasets=[], variants=[], seeds=list(seeds), kernels=kernels,
+                baselines=[a for a in arms if cells.impulse_kernel(a) is None])
+    if p["init"]["kernel"] not in kernels:
+        p["init"]["kernel"] = kernels[0]
+    train = p["recipes"][DATASET]["train"]
+    share = train["warmup_epochs"] / train["epochs"]
+    train.update(epochs=epochs, warmup_epochs=round(share * epochs, 3), eval_every=1)
+    if p["contrasts"].get("speed"):
+        p["contrasts"]["speed"]["fraction"] = SPEED_FRACTION
+    inits = grid["baselines"] + [cells.impulse_init(k) for k in kernels]
+    for name in cells.STUDIES:                        # off, and consistent with the smaller grid
+        study = p["studies"][name]
+        study["datasets"] = []
+        study["seeds"] = [s for s in study["seeds"] if s in seeds] or list(seeds[:1])
+        if "inits" in study:
+            study["inits"] = [i for i in study["inits"] if i in inits] or inits[:1]
+    if p["studies"]["pseudo_input"]["kernel"] not in kernels:
+        p["studies"]["pseudo_input"]["kernel"] = kernels[0]
+    p["studies"]["regime"]["datasets"] = []
+    for item in overrides:
+        key, _, raw = item.partition("=")
+        if not _:
+            raise ValueError(f"-S {item!r}: expected KEY=VALUE, e.g. data.train_size=300")
+        *path, last = key.split(".")
+        node = p
+        for part in path:
+            node = node[part]
+        node[last] = yaml.safe_load(raw)
+    return p
+
+
+def stage_names(p: dict) -> list[str]:
+    """The stages `dvc repro aggregate curves` runs in a fresh copy, in order."""
+    from structinit.pipeline import cells
+
+    d = DATASET
+    kernels = p["grid"]["kernels"]
+    return (["check_params", f"download@{d}"] + [cells.solve_stage(d, k) for k in kernels]
+            + [f"reference_solve@{cells.solve_cell(d, k)}" for k in kernels]
+            + [cells.main_stage("train", d, i, p) for i in cells.main_inits(p)] + list(TARGETS))
+
+
+# ---- before: what to expect and how long -----------------------------------------------------
+
+def _label(init: str) -> str:
+    from structinit.reporting.presentation import init_label
+
+    return init_label(init)
+
+
+def expectation(curves_csv: Path, params: dict) -> str:
+    """When the arms leave chance in the committed run (reports/curves.csv), in words: what the
+    warm-up's first epochs look like, so that a short run at chance does not read as broken."""
+    import pandas as pd
+
+    if not curves_csv.exists():
+        return ""
+    t = pd.read_csv(curves_csv).dropna(subset=["test_acc"])
+    t = t[t.dataset == DATASET]
+    if t.empty:
+        return ""
+    mean = t.groupby(["init", "epoch"]).test_acc.mean().unstack("init")
+    first = int(mean.index.min())
+    near = [i for i in mean.columns if mean.loc[first, i] <= CHANCE]
+    flat = [i for i in mean.columns if i not in near]
+    headline = f"impulse{params['init']['kernel']}"
+    train = params["recipes"][DATASET]["train"]
+
+    def at_chance_until(init):
+        up = mean.index[mean[init] > CHANCE]
+        return int(mean.index[mean.index < up.min()].max()) if len(up) and up.min() > first else None
+
+    lines = [f"What to expect. In the committed {train['epochs']}-epoch run (reports/curves.csv; warm-up "
+             f"{train['warmup_epochs']} epochs), test accuracy at epoch {first} was near chance (10 classes: "
+             f"8-12 %) for " + (f"every arm but {', '.join(map(_label, flat))}" if flat else "every arm")
+             + f" ({', '.join(f'{_label(i)} {mean.loc[first, i]:.1f}' for i in near)} %)."]
+    for init in (headline, "trunc_normal"):
+        if init in mean.columns and (until := at_chance_until(init)) is not None:
+            later = mean.index[mean.index > until]
+            step = int(later[min(1, len(later) - 1)]) if len(later) else until
+            lines.append(f"{_label(init)} stayed there until epoch {until} ({mean.loc[until, init]:.1f} %; "
+                         f"{mean.loc[step, init]:.1f} % at epoch {step}).")
+    lines.append("With Adam's eps of 1e-3 the arms whose weights start small leave that plateau late, while "
+                 "the warm-up ramps the learning rate up from 0: a run of a few epochs that shows "
+                 f"{_label(headline)} at 0.08-0.12 is working as the curves predict.")
+    return " ".join(lines)
+
+
+def fresh_repro_rate(fresh_repro_md: str, default: dict) -> float | None:
+    """Seconds per model-epoch of the committed run's training stages (benchmarks/fresh_repro.md's
+    train_baseline and train_impulse rows: seconds per run / (seeds x epochs))."""
+    rows = re.findall(r"^\|\s*train_(?:baseline|impulse)\s*\|\s*(\d+)\s*\|\s*([\d.]+)\s*\|", fresh_repro_md, re.M)
+    if not rows:
+        return None
+    runs = sum(int(r) for r, _ in rows)
+    seconds = sum(float(s) for _, s in rows)
+    per_run = default["recipes"][DATASET]["train"]["epochs"] * len(default["grid"]["seeds"])
+    return seconds / runs / per_run
+
+
+def estimate_seconds(p: dict, rate: float | None) -> float | None:
+    """The quick run's time on the committed run's CPU: every cell's model-epochs at `rate` (the
+    test set every epoch adds ~10 %), ~8 s start-up per stage, the reference solves (10,000 Adam
+    steps per seed, ~5 s each there)."""
+    if rate is None:
+        return None
+    from structinit.pipeline import cells
+
+    cells_n = len(cells.main_inits(p))
+    seeds = len(p["grid"]["seeds"])
+    epochs = p["recipes"][DATASET]["train"]["epochs"]
+    stages = len(stage_names(p))
+    return cells_n * seeds * epochs * rate * 1.1 + 8 * stages + 5 * seeds * len(p["grid"]["kernels"])
+
+
+# ---- the run ----------------------------------------------------------------------------------
+
+def copy_repository(dest: Path) -> None:
+    """The working tree's files (tracked, and untracked but not ignored), without any output."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split("\n")
+    for f in filter(None, files):
+        if f.split("/")[0] in SKIPPED or not (REPO / f).is_file():
+            continue
+        (dest / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / f, dest / f)
+
+
+def run_pipeline(repo: Path, verbose: bool, log: Path) -> int:
+    """`dvc repro aggregate curves` in the copy, printing each stage as it starts."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               DVC_NO_ANALYTICS="1", STRUCTINIT_CKPT_DIR=str(repo / ".ckpt"),
+               GIT_AUTHOR_NAME="quick", GIT_AUTHOR_EMAIL="quick@localhost",
+               GIT_COMMITTER_NAME="quick", GIT_COMMITTER_EMAIL="quick@localhost")
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "quick look"]):
+        subprocess.run(cmd, cwd=repo, env=env, check=True, stdout=subprocess.DEVNULL)   # dvclive wants a commit
+    start = time.monotonic()
+    with open(log, "w") as out, subprocess.Popen(["dvc", "repro", *TARGETS], cwd=repo, env=env, text=True,
+                                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        for line in proc.stdout:
+            out.write(line)
+            if verbose:
+                print(line, end="", flush=True)
+            elif m := STAGE.search(line):
+                elapsed = int(time.monotonic() - start)
+                print(f"  [{elapsed // 60:2d}:{elapsed % 60:02d}] {m[1]}", flush=True)
+    elapsed = int(time.monotonic() - start)
+    print(f"  [{elapsed // 60:2d}:{elapsed % 60:02d}] done" if proc.returncode == 0 else
+          f"  dvc repro failed (exit {proc.returncode}) after {elapsed} s", flush=True)
+    return proc.returncode
+
+
+# ---- after: what it learned -------------------------------------------------------------------
+
+def sparkline(values: list[float]) -> str:
+    """0-100 % as one bar per value."""
+    return "".join(BARS[min(len(BARS) - 1, int(v / 100 * len(BARS)))] if not math.isnan(v) else " " for v in values)
+
+
+def learned(repo: Path, p: dict) -> str:
+    """The run's curves, final accuracies and contrasts, from the copy's reports."""
+    import pandas as pd
+    from tabulate import tabulate
+
+    from structinit.pipeline import cells
+
+    inits = cells.main_inits(p)
+    t = pd.read_csv(repo / "reports/curves.csv").dropna(subset=["test_acc"])
+    mean = t.groupby(["init", "epoch"]).test_acc.mean().unstack("init").reindex(columns=inits)
+    epochs = p["recipes"][DATASET]["train"]["epochs"]
+    seeds = p["grid"]["seeds"]
+    width = max(len(_label(i)) for i in inits)
+    out = [f"Test accuracy per epoch (%, mean over seeds {', '.join(map(str, seeds))}; each bar one epoch, "
+           f"from 0 to 100 %):", ""]
+    out += [f"  {_label(i):<{width}}  {sparkline(list(mean[i]))}  {mean[i].iloc[0]:5.1f} -> {mean[i].iloc[-1]:5.1f}"
+            for i in inits]
+    step = max(1, math.ceil(len(mean) / 15))
+    shown = mean.iloc[list(range(step - 1, len(mean), step)) + ([len(mean) - 1] if (len(mean) - step) % step else [])]
+    shown = shown[~shown.index.duplicated()]
+    out += ["", tabulate([[int(e), *[f"{v:.1f}" for v in row]] for e, row in shown.iterrows()],
+                         headers=["epoch", *map(_label, inits)], tablefmt="github", disable_numparse=True)]
+    summary = json.loads((repo / "reports/summary.json").read_text())[DATASET]
+    final = t[t.epoch == t.epoch.max()]
+    rows = []
+    for i in inits:
+        per_seed = final[final.init == i].sort_values("seed").test_acc
+        arm = summary[i]
+        rows.append([_label(i), f"{arm['acc']:.2f}", f"[{arm['ci95_low']:.1f}, {arm['ci95_high']:.1f}]",
+                     ", ".join(f"{v:.1f}" for v in per_seed)])
+    out += ["", f"Final test accuracy (%) at epoch {epochs}:", "",
+            tabulate(rows, headers=["arm", "mean", "95 % CI", "per seed"], tablefmt="github", disable_numparse=True)]
+    conclusions = json.loads((repo / "reports/conclusions/main_table.json").read_text())["conclusions"]
+    out.append("")
+    for c in conclusions:
+        if c["role"] != "primary":
+            continue
+        speed = ", epoch" in c["family"]
+        what = (f"Speed endpoint (contrasts.speed), test accuracy at epoch {c['family'].rsplit(' ', 1)[1]} of {epochs}"
+                if speed else f"Primary contrast, final test accuracy at epoch {epochs}")
+        if math.isnan(c["p"]):
+            verdict = "not testable (the paired differences have no spread)"
+        else:
+            verdict = {">": f"{_label(c['a'])} ahead", "<": f"{_label(c['a'])} behind",
+                       "~": "not distinguishable from 0"}[c["verdict"]] + f" (p = {c['p']:.2g})"
+        out.append(f"{what}: {_label(c['a'])} - {_label(c['b'])} = {c['diff']:+.2f} points, 95 % CI "
+                   f"[{c['ci_low']:+.2f}, {c['ci_high']:+.2f}], n = {c['n']} paired: {verdict}")
+    return "\n".join(out)
+
+
+def _minutes(fresh_repro_md: str) -> str:
+    m = re.search(r"\*\*([\d.]+) min\*\*", fresh_repro_md)
+    return f"{float(m[1]):.0f} minutes" if m else "about an hour and a half"
+
+
+def banner(p: dict, default: dict, fresh_repro_md: str) -> str:
+    train = p["recipes"][DATASET]["train"]
+    full = default["recipes"][DATASET]["train"]["epochs"]
+    return (f"QUICK LOOK, NOT THE RESULT: {len(p['grid']['seeds'])} seeds and {train['epochs']} of the recipe's "
+            f"{full} epochs, so the accuracies are not converged and the intervals are wide. The result is the "
+            f"committed reports/main_table.md, or ./run.sh repro ({_minutes(fresh_repro_md)} on 2 CPU cores).")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--epochs", type=int, default=EPOCHS, help=f"the budget (default {EPOCHS})")
+    ap.add_argument("--seeds", type=int, nargs="+", default=SEEDS, help="default: 0 1")
+    ap.add_argument("--arms", nargs="+", help="initializers (default: the main grid's), e.g. trunc_normal impulse3")
+    ap.add_argument("-S", "--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="any other params.yaml key in the copy, e.g. -S data.train_size=300")
+    ap.add_argument("--dry-run", action="store_true", help="print the config, stages and expected time; run nothing")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary copy (its path is printed)")
+    ap.add_argument("--verbose", action="store_true", help="print DVC's and the stages' whole output")
+    a = ap.parse_args(argv)
+    from structinit.pipeline.params import ParamsError, validate_params
+
+    default = yaml.safe_load((REPO / "params.yaml").read_text())
+    try:
+        p = quick_params(default, a.epochs, a.seeds, a.arms, a.set)
+        validate_params(p, REPO)
+    except (ValueError, ParamsError, KeyError) as e:
+        sys.exit(f"quick: {e}")
+    fresh = (REPO / "benchmarks/fresh_repro.md").read_text() if (REPO / "benchmarks/fresh_repro.md").exists() else ""
+    train = p["recipes"][DATASET]["train"]
+    seconds = estimate_seconds(p, fresh_repro_rate(fresh, default))
+    from structinit.pipeline import cells
+
+    print(banner(p, default, fresh))
+    speed = p["contrasts"].get("speed")
+    print(f"\nThe real pipeline (dvc repro {' '.join(TARGETS)}) on {DATASET}, in a temporary copy: {train['epochs']} "
+          f"epochs (warm-up {train['warmup_epochs']:g}), seeds {p['grid']['seeds']}, the test set every epoch, "
+          f"arms {', '.join(map(_label, cells.main_inits(p)))}, studies off"
+          + (f"; the speed endpoint at {speed['fraction']:g} of the budget." if speed else "."))
+    if seconds is not None:
+        print(f"Expected: about {math.ceil(seconds / 60)} minutes on the committed run's CPU (2 cores, bf16; "
+              "benchmarks/fresh_repro.md's training rate); a CPU without native bf16 takes up to about 1.6x that.")
+    print()
+    print(expectation(REPO / "reports/curves.csv", default))
+    if a.dry_run:
+        print("\n--dry-run: the stages it would run, in a copy, with these params.yaml changes:")
+        for s in stage_names(p):
+            print(f"  {s}")
+        print(yaml.safe_dump({"grid": p["grid"], "init": p["init"], "contrasts": {"speed": p["contrasts"].get("speed")},
+                              f"recipes.{DATASET}.train": {k: train[k] for k in ("epochs", "warmup_epochs",
+                                                                                  "eval_every")}},
+                             sort_keys=False), end="")
+        return 0
+    tmp = Path(tempfile.mkdtemp(prefix="structinit-quick-"))
+    repo = tmp / "repo"
+    try:
+        copy_repository(repo)
+        (repo / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+        print(f"\nRunning in {repo} ...", flush=True)
+        code = run_pipeline(repo, a.verbose, tmp / "dvc.log")
+        if code:
+            print((tmp / "dvc.log").read_text()[-4000:], file=sys.stderr)
+            print(f"quick: dvc repro failed in the copy (its whole log: {tmp / 'dvc.log'}, kept)", file=sys.stderr)
+            a.keep = True
+            return code
+        print()
+        print(learned(repo, p))
+        print()
+        print(banner(p, default, fresh))
+    finally:
+        if a.keep:
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""The README answers a newcomer on its first screen (issue 45), and every number left in it is
+generated into it or checked here against the file it comes from.
+
+- At most 12 KB; its first 40 lines hold the two commands, the CPU time, a GPU figure with its
+  card, the plain sentence (generated: benchmarks/readme_answer.md, quoted in an include block)
+  and its table.
+- "ours" means nothing in the README: the paper's method is "Imp.-3 (the structured init)", this
+  rebuild's column "this rebuild" (the generated reports/headline.md, which says "ours", is
+  quoted in docs/reports.md, where its labels are explained).
+- The generated answer is what its sources make it (python -m benchmarks.readme_answer --write),
+  and so are the include blocks of the docs pages structinit/reporting/readme.py does not cover.
+- Every number in the README outside its include blocks is either a checked phrase below (the
+  phrase is in the README and agrees with its file) or a name or parameter (ALLOWED).
+- A licence and a citation file exist and cite the paper.
+"""
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from benchmarks import quick, readme_answer
+from structinit.reporting import readme
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+FIRST_SCREEN = "\n".join(README.splitlines()[:40])
+
+
+def text(path: str) -> str:
+    return (REPO / path).read_text()
+
+
+def fresh_repro_minutes() -> float:
+    return float(re.search(r"\*\*([\d.]+) min\*\*", text("benchmarks/fresh_repro.md"))[1])
+
+
+def gpu_hours_row(block: str) -> list[str]:
+    line = next(line for line in text("benchmarks/gpu_hours.md").splitlines() if line.startswith(f"| {block} "))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def committed_curve_start(init: str) -> float:
+    import pandas as pd
+
+    t = pd.read_csv(REPO / "reports/curves.csv").dropna(subset=["test_acc"])
+    first = t.epoch.min()
+    return t[(t.init == init) & (t.epoch == first)].test_acc.mean()
+
+
+# phrase in the README -> the check against its source (each phrase must be in the README)
+CHECKED = {
+    "90 minutes": lambda: round(fresh_repro_minutes()) == 90,
+    "2 CPU cores": lambda: "2 CPU cores" in text("benchmarks/fresh_repro.md"),
+    # fresh_repro.md names the CPU by its family and model: AMD family 25 model 17 is Zen 4
+    "2-core AMD EPYC (Zen 4, bf16)": lambda: all(s in text("benchmarks/fresh_repro.md") for s in (
+        "AMD EPYC (cpu family 25, model 17), 2 CPU cores", "native bf16 yes")),
+    "NVIDIA H100 80GB HBM3": lambda: "on one NVIDIA H100 80GB HBM3" in text("benchmarks/gpu_hours.md"),
+    "5,032 img/s": lambda: "**5,032 img/s**" in text("benchmarks/gpu_hours.md"),
+    "4380d9d": lambda: "project at 4380d9d" in text("benchmarks/gpu_hours.md")
+    and "measured by an equivalent script" in text("benchmarks/gpu_hours.md"),
+    "3388 H100-hours": lambda: "GPU-hours in all: **3388** on NVIDIA H100" in text("benchmarks/gpu_hours.md"),
+    "3203 of them ImageNet's": lambda: gpu_hours_row("main table, ViT-T/16")[1] == "imagenet"
+    and gpu_hours_row("main table, ViT-T/16")[-1] == "3203",
+    "1,000 decoded": lambda: "assumed: JPEG decoding, 1,000 img/s" in text("benchmarks/gpu_hours.md"),
+    "30 epochs": lambda: quick.EPOCHS == 30,
+    "2 seeds": lambda: len(quick.SEEDS) == 2,
+    "seeds 0 and 1": lambda: quick.SEEDS == [0, 1],
+    "160 epochs": lambda: yaml.safe_load(text("params.yaml"))["recipes"]["digits"]["train"]["epochs"] == 160,
+    "instead of 160": lambda: yaml.safe_load(text("params.yaml"))["recipes"]["digits"]["train"]["epochs"] == 160,
+    "0.08–0.12": lambda: all(8 <= committed_curve_start(i) <= 12 for i in ("impulse3", "trunc_normal")),
+    "compute capability 8.0": lambda: ">= (8, 0)" in text("structinit/training/common.py"),
+    "under 1 TFLOP": lambda: "FILLS_A_GPU_FLOPS = 1e12" in text("structinit/training/trainer.py"),
+    "1.00–1.25×": lambda: "peak <= estimate" in text("tests/test_memory.py")
+    and "estimate <= 1.25 * peak" in text("tests/test_memory.py"),
+    "Python ≥ 3.11": lambda: "Python >= 3.11" in text("run.sh"),
+    "arXiv 2404.01139": lambda: '"arXiv:2404.01139"' in text("CITATION.cff"),
+}
+# names and parameters, not measurements (a command's parameters are checked by
+# tests/test_readme_commands.py and tests/test_docs_commands_plan.py)
+ALLOWED = {
+    "8x8", "ViT-T/2", "H100", "bf16", "fp32", "MD5", "ImageNet-1K", "Apache-2.0",
+    "STRUCTINIT_NPROC=2", "init.kernel=5", "grid.seeds=[0,1,2,3,4,5", "grid.datasets=[digits,cifar10,cifar100,svhn",
+    "si.create_vit(img_size=32", "patch_size=2", "embed_dim=192", "depth=12", "num_heads=3", "num_classes=10",
+    "kernel=3", "seed=0",
+}
+
+
+def unchecked_numbers(page: str) -> list[str]:
+    """Tokens with a digit, outside include blocks, that no checked phrase holds and ALLOWED lacks."""
+    rest = readme.BLOCK.sub("", page)
+    for phrase in CHECKED:
+        rest = rest.replace(phrase, " ")
+    tokens = (t.strip("()[],.:;`'\"") for t in re.findall(r"\S*\d\S*", rest))
+    return [t for t in tokens if t and t not in ALLOWED]
+
+
+def test_the_readme_is_at_most_12_kb():
+    assert len(README.encode()) <= 12 * 1024
+
+
+def test_the_first_screen_holds_the_commands_the_times_a_gpu_figure_and_the_answer():
+    assert "./run.sh repro" in FIRST_SCREEN and "./run.sh test" in FIRST_SCREEN
+    assert "90 minutes on 2 CPU cores" in FIRST_SCREEN
+    assert "5,032 img/s" in FIRST_SCREEN and "NVIDIA H100 80GB HBM3" in FIRST_SCREEN
+    assert "measured" in FIRST_SCREEN and "benchmarks/gpu_probe.md" in FIRST_SCREEN
+    answer = text(readme_answer.OUT)
+    sentence = next(line for line in answer.splitlines() if line.startswith("On "))
+    assert sentence in FIRST_SCREEN
+    assert "| Method" in FIRST_SCREEN and "this rebuild" in FIRST_SCREEN    # then the table
+    assert "benchmarks/readme_answer.md" in [p for p, _ in readme.includes(README)]
+
+
+def test_the_sentence_says_what_changes_early_and_at_the_end_with_intervals():
+    sentence = next(line for line in text(readme_answer.OUT).splitlines() if line.startswith("On "))
+    assert "early on" in sentence and "at epoch 160" in sentence
+    assert sentence.count("95 % CI") == 2
+
+
+def test_ours_means_nothing_in_the_readme():
+    assert not re.search(r"\bours\b", README, re.I)
+    assert "Imp.-3 (the structured init)" in text(readme_answer.OUT)
+
+
+def test_the_generated_answer_and_the_other_pages_blocks_are_fresh():
+    stale = readme_answer.stale(REPO)
+    assert not stale, f"run: python -m benchmarks.readme_answer --write ({stale})"
+
+
+@pytest.mark.parametrize("phrase", CHECKED)
+def test_each_checked_number_is_in_the_readme_and_agrees_with_its_file(phrase):
+    assert phrase in README, f"{phrase!r}: no longer in the README (drop it from CHECKED)"
+    assert CHECKED[phrase](), f"{phrase!r}: the README disagrees with its source"
+
+
+def test_every_number_in_the_readme_is_generated_or_checked():
+    assert unchecked_numbers(README) == []
+
+
+def test_an_unchecked_number_is_caught():
+    assert unchecked_numbers("It took 45 minutes.\n") == ["45"]
+    assert unchecked_numbers("<!-- include: x.md -->\nIt took 45 minutes.\n<!-- end include -->\n") == []
+    assert unchecked_numbers("90 minutes on 2 CPU cores") == []
+
+
+@pytest.mark.parametrize("speed, final, words", [
+    (">", "~", ["learns faster than Trunc Normal early on", ", but does not change the final accuracy",
+                "not distinguishable from 0)."]),
+    ("~", "<", ["learns about as fast as Trunc Normal early on", ", but ends lower"]),
+    ("~", "~", ["learns about as fast", ", and does not change the final accuracy"]),
+    (">", ">", ["learns faster", ", and ends higher"]),
+])
+def test_the_sentence_follows_the_verdicts(speed, final, words):
+    def conclusion(verdict, family):
+        return {"a": "impulse3", "b": "trunc_normal", "verdict": verdict, "family": family, "n": 5,
+                "mean_a": 60.0, "mean_b": 50.0, "diff": 10.0, "ci_low": 2.0, "ci_high": 18.0}
+    s = readme_answer.sentence("digits", conclusion(final, "digits"), conclusion(speed, "digits, epoch 20"), 160,
+                               "impulse3")
+    assert s.startswith("On 8×8 digits (5 seeds, paired; 160 epochs), the structured init (Imp.-3) ")
+    assert "at epoch 20" in s and "at epoch 160" in s
+    for w in words:
+        assert w in s, s
+
+
+def test_a_licence_and_a_citation_that_cites_the_paper():
+    assert "Apache License" in text("LICENSE") and "Version 2.0" in text("LICENSE")
+    cff = yaml.safe_load(text("CITATION.cff"))
+    paper = cff["preferred-citation"]
+    assert paper["title"] == "Structured Initialization for Attention in Vision Transformers"
+    assert [a["family-names"] for a in paper["authors"]] == ["Zheng", "Li", "Lucey"] and paper["year"] == 2024
+    assert cff["type"] == "software" and cff["license"] == "Apache-2.0" and cff["references"][0] == paper
+
+
+def test_the_readme_installs_the_library_by_its_distribution_name():
+    assert 'pip install "git+' in README and "structinit-vit" in README
