@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -60,8 +61,12 @@ def main() -> int:
     for p in changed_outputs:
         print(f"  changed: {p}")
     files = _git("diff", "--name-only", a.rev, "--", "results", "reports").split()
+    committed = set(_git("ls-tree", "-r", "--name-only", a.rev, "--", "results", "reports").split())
+    # a file only on one side (added or removed since REV) is a change of its own
+    # only a JSON record can differ by renamed keys alone; any other file git lists differs
     other = [f for f in files
-             if not only_renamed(_git("show", f"{a.rev}:{f}"), open(f).read(), renamed)]
+             if f not in committed or not os.path.exists(f) or not f.endswith(".json")
+             or not only_renamed(_git("show", f"{a.rev}:{f}"), open(f).read(), renamed)]
     print(f"committed results/reports files: {len(files)} differ from {a.rev}, "
           f"{len(files) - len(other)} only by renamed keys {sorted(renamed)}")
     for f in other:

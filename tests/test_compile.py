@@ -39,9 +39,11 @@ def test_compile_is_off_on_the_cpu_unless_asked():
         si.TrainConfig(compile="yes")
 
 
-def test_compiled_steps_train_as_eager_ones_do(digits):
+def test_compiled_steps_train_as_eager_ones_do(digits, capsys):
     """Three epochs of a stack of two, fp32: compiled and eager give the same losses and
-    weights to float noise (inductor fuses ops, so sums may round differently)."""
+    weights to float noise (inductor fuses ops, so sums may round differently). The compiled
+    run must really be compiled: a fallback to eager (its warning) would compare eager with
+    eager."""
     def run(compile):
         models = [small_vit() for _ in range(2)]
         for seed, m in enumerate(models):
@@ -52,6 +54,7 @@ def test_compiled_steps_train_as_eager_ones_do(digits):
                                     progress=False)
         return histories, models
     (eager, eager_models), (compiled, compiled_models) = run("off"), run("on")
+    assert "torch.compile failed" not in capsys.readouterr().out
     for he, hc in zip(eager, compiled):
         for a, b in zip(he, hc):
             assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)

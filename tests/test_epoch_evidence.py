@@ -126,6 +126,10 @@ def test_the_committed_report_is_generated_from_the_committed_file(evidence):
 
 
 def test_each_evidence_file_names_the_commit_that_made_it():
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO, capture_output=True,
+                             text=True).stdout.strip() == "true"
+    if shallow:
+        pytest.skip("a shallow clone has not the commits the labels name")
     for path in ("benchmarks/epochs.md", "benchmarks/epochs_cells_check.md", "benchmarks/replication.md",
                  "benchmarks/regime.md"):
         commit = made_at(path)

@@ -135,12 +135,13 @@ def synthetic(name: str, n: int, mode: FakeTensorMode) -> ImageData:
                          torch.zeros(n, dtype=torch.long, device=CUDA))
 
 
-@pytest.mark.parametrize("recipe, n_models", [("digits", 2), ("cifar10", 1)])
+@pytest.mark.parametrize("recipe, n_models", [("digits", 2), ("cifar10", 1), ("cifar10", 2)])
 def test_a_training_step_and_the_evaluation_run_on_cuda_with_no_host_copies(mode, recipe, n_models):
-    """The on-device trainer's step as train_models runs it (_epoch_steps: the batch gathered,
-    augmented with the recipe's RandAugment and flips, forward, loss, clip, fused AdamW) and
-    its evaluation, on fake CUDA tensors: no device mismatch, and not one host<->device copy
-    in the step (RandAugment made 6 per model per step, each a stream sync)."""
+    """The on-device trainer's epoch loop (_epoch_steps: the batches gathered, augmented with
+    the recipe's RandAugment and flips, each model's draws from its own generator put side by
+    side, forward, loss, clip, fused AdamW; the eager forward, as on the CPU or with compile
+    off) and its evaluation, on fake CUDA tensors: no device mismatch, and not one
+    host<->device copy in the step (RandAugment made 6 per model per step, each a stream sync)."""
     p = load_params()
     spec = get_spec(recipe)
     train = {**p["recipes"][recipe]["train"], "batch_size": 8, "epochs": 2}

@@ -12,6 +12,7 @@ from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[1]
 EXTRAS = ("pipeline", "test", "scale")          # what ./run.sh test installs
+DISTRIBUTION = "structinit-vit"                 # pyproject.toml's name (the import name is structinit)
 LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$")
 
 
@@ -57,7 +58,7 @@ def _release(version: str) -> Version:
 
 def test_every_needed_package_is_pinned_and_installed_at_its_pin():
     pinned = pins()
-    needed = requirement_closure("structinit", EXTRAS)
+    needed = requirement_closure(DISTRIBUTION, EXTRAS)
     assert {"torch", "timm", "numpy", "scikit-learn", "scipy", "pydantic", "dvc", "networkx"} <= needed
     unpinned = sorted(needed - pinned.keys())
     assert not unpinned, f"needed but not in constraints.txt: {unpinned} (refresh: ./run.sh pins)"
@@ -77,7 +78,7 @@ def test_the_scale_extra_declares_what_fanout_imports():
     """scale/fanout.py imports networkx: the scale extra must bring it, not Ray by accident."""
     source = (REPO / "scale/fanout.py").read_text()
     assert re.search(r"^\s*(import networkx|from networkx)", source, re.M)
-    scale = [Requirement(r) for r in metadata.requires("structinit") or []
+    scale = [Requirement(r) for r in metadata.requires(DISTRIBUTION) or []
              if Requirement(r).marker is not None and Requirement(r).marker.evaluate({"extra": "scale"})]
     assert "networkx" in {canonicalize_name(r.name) for r in scale}
 
@@ -121,3 +122,13 @@ def test_run_sh_rebuilds_when_the_files_content_changes_not_their_dates(tmp_path
     os.utime(project / "constraints.txt", (0, 0))                        # older, other content
     assert state() == "would rebuild"
     assert not (venv / "bin").exists()                                   # nothing was built
+
+
+def test_the_distribution_is_named_structinit_vit_not_structinit():
+    """"structinit" on PyPI is an unrelated project (1.0.1, newer than ours): `pip install -U
+    structinit` would replace this library. structinit-vit was free there on 2026-11-26 (the
+    index answered 404); this checks pyproject.toml keeps that name, not the index."""
+    import tomllib
+
+    assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["name"] == DISTRIBUTION
+

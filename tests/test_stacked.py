@@ -437,5 +437,6 @@ def test_a_seed_trains_the_same_alone_on_timms_module_and_in_a_stack(digits):
     for k, v in alone[0].state_dict().items():
         torch.testing.assert_close(stacked[0].state_dict()[k], v, rtol=1e-4, atol=1e-5, msg=k)
     for a, b in zip(h_alone, h_stacked):
-        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
-        assert a["test_acc"] == b["test_acc"]
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+        # other kernels (addmm / baddbmm) may flip a borderline test image on another CPU
+        assert abs(a["test_acc"] - b["test_acc"]) <= 2 / len(digits.test_labels)
