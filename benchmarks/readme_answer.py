@@ -17,9 +17,9 @@ headline row is "Imp.-3 (the structured init)": the paper's method, at params.ya
 init.kernel. (The generated reports/headline.md labels the same row "Imp.-3 (ours)" and the
 column "digits: ours".)
 
-`--write` also refreshes the include blocks of the docs pages that structinit/reporting/readme.py
-does not cover (docs/scaling-out.md, docs/library.md), with the same rule: a block holds its
-file's text, verbatim. tests/test_first_screen.py checks both.
+`--write` also refreshes every page's include blocks (structinit/reporting/readme.py's PAGES: the
+README and every docs page); tests/test_first_screen.py checks the answer, tests/test_readme_numbers.py
+the blocks.
 """
 from __future__ import annotations
 
@@ -37,9 +37,6 @@ from structinit.reporting.presentation import init_label
 REPO = Path(__file__).resolve().parents[1]
 OUT = "benchmarks/readme_answer.md"
 SOURCES = ("reports/conclusions/main_table.json", "reports/summary.json", "reports/headline.md", "params.yaml")
-# pages whose include blocks readme.py's PAGES leave out: refreshed and checked here
-EXTRA_PAGES = tuple(f"docs/{p.name}" for p in sorted((REPO / "docs").glob("*.md"))
-                    if f"docs/{p.name}" not in readme.PAGES)
 DATASET_NAMES = {"digits": "8×8 digits", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "svhn": "SVHN",
                  "imagenet": "ImageNet-1K"}
 REFERENCE = "trunc_normal"
@@ -159,28 +156,21 @@ def _reader(root: Path, committed: bool):
 
 
 def stale(root: Path = REPO) -> list[str]:
-    """What is not as its sources make it: the answer file, and the include blocks of EXTRA_PAGES.
-    As readme.stale_blocks: a file as committed is checked against the sources as committed
-    (a re-run elsewhere leaves the committed README valid); an edited one against the workspace's."""
-    out = []
+    """The answer file when it is not what its sources make it (the pages' include blocks are
+    readme.stale_blocks's). As there, a file as committed is checked against the sources as
+    committed (a re-run elsewhere leaves the committed README valid); an edited one against the
+    workspace's."""
     path = root / OUT
     text = path.read_text() if path.exists() else ""
     committed = readme._committed(root, OUT) == text
-    if text != generate(_reader(root, committed)):
-        out.append(OUT)
-    for page in EXTRA_PAGES:
-        page_text = (root / page).read_text()
-        as_committed = readme._committed(root, page) == page_text
-        fresh = readme.includes(readme.refreshed(page_text, root, _reader(root, as_committed)))
-        out += [f"{page}: {p}" for (p, body), (_, new) in zip(readme.includes(page_text), fresh) if body != new]
-    return out
+    return [] if text == generate(_reader(root, committed)) else [OUT]
 
 
 def write(root: Path = REPO) -> None:
+    """The answer file, then every page's include blocks (readme.PAGES) refreshed."""
     (root / OUT).write_text(generate(_reader(root, committed=False)))
-    for page in (*readme.PAGES, *EXTRA_PAGES):
-        if (root / page).exists():
-            (root / page).write_text(readme.refreshed((root / page).read_text(), root))
+    for page in readme.PAGES:
+        (root / page).write_text(readme.refreshed((root / page).read_text(), root))
 
 
 def main():

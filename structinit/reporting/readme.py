@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 
 BLOCK = re.compile(r"(<!-- include: (?P<path>[^ ]+) -->\n)(?P<body>.*?)(<!-- end include -->)", re.S)
-PAGES = ("README.md", "docs/pipeline.md", "docs/reports.md", "docs/studies.md", "docs/reproducibility.md")
+# the README and every docs page: a page added to docs/ is refreshed and checked without a list to edit
+PAGES = ("README.md", *sorted(f"docs/{p.name}" for p in (Path(__file__).resolve().parents[2] / "docs").glob("*.md")))
 
 
 def includes(text: str) -> list[tuple[str, str]]:
