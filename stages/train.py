@@ -184,7 +184,9 @@ def main(module: str = "stages.train", load_data=None, train_cell=None):
         save_torch(seed_dir(a.model_out, seed).with_suffix(".pt"), {k: v.cpu() for k, v in model.state_dict().items()})
         seed_dir(ckpt_dir, seed).with_suffix(".pt").unlink(missing_ok=True)    # streamed cells' checkpoints
         print(f"{run_name(cell, seed)}: final test acc {history[-1]['test_acc']:.4f}")
-    (ckpt_dir / "checkpoint.pt").unlink(missing_ok=True)
+    # the cell's checkpoint, or each model's where the trainer ran them one after another (on a GPU)
+    for done in [ckpt_dir / "checkpoint.pt", *ckpt_dir.glob("checkpoint-model*.pt")]:
+        done.unlink(missing_ok=True)
 
 
 def load_on_device(a, params):

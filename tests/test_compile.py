@@ -11,7 +11,8 @@ import structinit as si
 from conftest import small_vit
 from structinit.training.common import autocast
 from structinit.training.stacked import StackedModels, mean_cross_entropy
-from structinit.training.trainer import step_forward
+from structinit.training import trainer
+from structinit.training.trainer import step_objective
 
 CPU = torch.device("cpu")
 
@@ -30,11 +31,13 @@ def test_the_stacked_forward_and_loss_trace_without_a_graph_break(n_models):
     assert explanation.graph_count == 1
 
 
-def test_compile_is_off_on_the_cpu_unless_asked():
+def test_compile_is_off_on_the_cpu_unless_asked(monkeypatch):
     stack = StackedModels([small_vit(), small_vit()])
-    assert step_forward(stack, si.TrainConfig(), CPU) == (None, "")
-    forward, how = step_forward(stack, si.TrainConfig(compile="on"), CPU)
-    assert forward is not None and how == "compiled (default mode)"
+    asked = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: asked.append(kw) or fn)
+    assert step_objective(stack, si.TrainConfig(), CPU)[1] == "" and asked == []
+    objective, how = step_objective(stack, si.TrainConfig(compile="on"), CPU)
+    assert how == "compiled (default mode)" and asked == [{"mode": None}]
     with pytest.raises(ValueError, match="compile='yes'; choose one of"):
         si.TrainConfig(compile="yes")
 
@@ -79,3 +82,73 @@ def test_a_failing_compile_warns_once_and_trains_eager(monkeypatch, digits, caps
     assert warnings == ["warning: torch.compile failed (RuntimeError: no C++ compiler found); training eager "
                         "(compile: off in the recipe skips the attempt)"], out
     assert len(history) == 2 and all(h["train_loss"] == h["train_loss"] for h in history)
+
+
+class _FailingBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("CUDA graph capture failed: operation not permitted when stream is capturing")
+
+
+@pytest.mark.parametrize("failing_call", [1, 2])
+def test_a_compile_that_fails_in_the_backward_or_a_later_capture_trains_eager(monkeypatch, digits, capsys,
+                                                                                failing_call):
+    """What torch.compile returns may fail after the forward ran: in the compiled backward,
+    or on the call where a CUDA graph is recorded (the second or third). Each falls back with
+    the one-line warning, the failed call re-run eager, and the run's losses are the eager
+    run's."""
+    def eager_run():
+        cfg = si.TrainConfig(epochs=2, batch_size=32, warmup_epochs=0, randaugment=None, hflip=False, amp="off",
+                             cpu_chunks=1, compile="off")
+        torch.manual_seed(0)
+        return si.train_models([small_vit()], digits, [cfg], device="cpu", train_indices=torch.arange(64),
+                               progress=False)[0]
+    expected = eager_run()
+
+    def flaky(fn, **kw):
+        calls = []
+
+        def run(*a, **k):
+            calls.append(1)
+            losses, logits = fn(*a, **k)
+            if len(calls) == failing_call:                 # this call's backward fails
+                losses = _FailingBackward.apply(losses)
+            return losses, logits
+        return run
+    monkeypatch.setattr(torch, "compile", flaky)
+    cfg = si.TrainConfig(epochs=2, batch_size=32, warmup_epochs=0, randaugment=None, hflip=False, amp="off",
+                         cpu_chunks=1, compile="on")
+    torch.manual_seed(0)
+    history = si.train_models([small_vit()], digits, [cfg], device="cpu", train_indices=torch.arange(64))[0]
+    out = capsys.readouterr().out
+    warnings = [line for line in out.splitlines() if line.startswith("warning: torch.compile failed")]
+    assert warnings == ["warning: torch.compile failed (RuntimeError: CUDA graph capture failed: operation not "
+                        "permitted when stream is capturing); training eager (compile: off in the recipe skips "
+                        "the attempt)"], out
+    assert [h["train_loss"] for h in history] == pytest.approx([h["train_loss"] for h in expected], rel=1e-5)
+
+
+def test_a_failure_after_the_guarded_calls_is_raised(monkeypatch):
+    """Past the first GUARDED_CALLS calls a compiled step that fails is an error in the step,
+    not in compiling: it is raised, not hidden behind an eager fallback."""
+    stack = StackedModels([small_vit()]).train()
+    calls = []
+
+    def compiled(fn, **kw):
+        def run(*a, **k):
+            calls.append(1)
+            if len(calls) > trainer.GUARDED_CALLS:
+                raise RuntimeError("an illegal memory access was encountered")
+            return fn(*a, **k)
+        return run
+    monkeypatch.setattr(torch, "compile", compiled)
+    objective, _ = step_objective(stack, si.TrainConfig(compile="on", amp="off"), CPU)
+    x, y = torch.randn(1, 4, 1, 8, 8), torch.randint(0, 10, (1, 4))
+    for _ in range(trainer.GUARDED_CALLS):
+        objective(stack, x, y)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        objective(stack, x, y)

@@ -138,7 +138,11 @@ def autocast(cfg: TrainConfig, device: torch.device):
 # its fingerprints: a streamed checkpoint written before then is ignored ("written for a
 # different configuration") and its run starts afresh; trainer.py's fingerprints, already
 # {"checkpoint_format": 3}, are unchanged. Checkpoints live in .ckpt/, outside DVC's outputs.
-CHECKPOINT_FORMAT = 3      # 3: trainer.py writes one file per call, every model's state (2: one file per model)
+# 4: trainer.py's optimizer moments in each model's own layout (3 wrote the batched Linear
+# moments in the stack's transposed layout, which a plain run would misread; a format-3
+# checkpoint is ignored and its cell trains afresh). 3: one file per call, every model's
+# state (2: one file per model).
+CHECKPOINT_FORMAT = 4
 CHECKPOINT_FORMAT_KEY = "checkpoint_format"
 
 

@@ -166,7 +166,7 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
     refuse_batchnorm(models, ctx.world_size)         # before the device plan: the model's own refusal first
     device = torch.device(device) if device is not None else ctx.device() if ctx.enabled else default_device()
     if len(models) > 1:
-        together, why = plan_stacking(models, data, cfg, device, stacked_bytes=None)
+        together, why = plan_stacking(models, data, cfg, device, processes=ctx.world_size)
         if not together:
             # one after another, each on timm's own module; each its own checkpoint file
             if progress and ctx.is_main:
@@ -218,9 +218,8 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
     stack = StackedModels(models).to(device).train()
     attention = stack.choose_attention(device, dtype)
     opt = _stacked_adamw(stack, [state for _, state in restored] if restored else [None] * len(models), cfg, device)
-    forward, compiled = step_forward(stack, cfg, device)
-    step, how = plan_gradient_step(cfg.cpu_chunks, stack, device, batch_size // ctx.world_size,
-                                   lambda replica, x, y: loss_and_grads(replica, x, y, cfg, device, forward),
+    objective, compiled = step_objective(stack, cfg, device)
+    step, how = plan_gradient_step(cfg.cpu_chunks, stack, device, batch_size // ctx.world_size, objective,
                                    micro_batch=micro_batch)
     if compiled:
         how += f", {compiled}"
@@ -324,7 +323,9 @@ def _stacked_adamw(stack: StackedModels, states: list[dict | None], cfg: TrainCo
         for name, p in named.items():
             opt.state[p] = {
                 "step": torch.tensor(float(states[0]["step"]), dtype=torch.float32, device=device),
-                **{k: stack.stack_slices([s[k][name] for s in states]).to(device) for k in ("exp_avg", "exp_avg_sq")}}
+                # saved in each model's own layout (_optimizer_state_of): back to the stack's
+                **{k: stack.stack_slices([stack.in_model_layout(name, s[k][name]) for s in states]).to(device)
+                   for k in ("exp_avg", "exp_avg_sq")}}
     return opt
 
 
@@ -334,7 +335,10 @@ def _optimizer_state_of(opt: torch.optim.Optimizer, stack: StackedModels, i: int
     if not first:
         return None
     return {"step": float(first["step"]),
-            **{k: {name: stack.model_slice(opt.state[p][k], i).detach().clone() for name, p in named.items()}
+            # in the model's own layout, as its weights are saved: a checkpoint does not depend on
+            # whether its models trained stacked (batched Linear weights are held transposed)
+            **{k: {name: stack.in_model_layout(name, stack.model_slice(opt.state[p][k], i))
+                   .detach().clone(memory_format=torch.contiguous_format) for name, p in named.items()}
                for k in ("exp_avg", "exp_avg_sq")}}
 
 
@@ -342,7 +346,8 @@ def loss_and_grads(stack: StackedModels, x: torch.Tensor, y: torch.Tensor, cfg: 
                    device: torch.device, forward=None) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """The training objective of model i on x[i] (N, B, ...), y[i] (N, B) -> (gradients
     {trainable name: (N, ...)}, mean label-smoothed loss (N,), logits (N, B, classes));
-    what gradient_step's steps run (on each chunk, on CPU). forward: step_forward's."""
+    what gradient_step's steps run (on each chunk, on CPU). forward: the compiled forward_and_loss
+    (step_objective's), or None: eager."""
     return stack.loss_and_grads(x, y, functools.partial(mean_cross_entropy, label_smoothing=cfg.label_smoothing),
                                 functools.partial(autocast, cfg, device), forward)
 
@@ -356,10 +361,11 @@ FILLS_A_GPU_FLOPS = 1e12
 
 
 def plan_stacking(models: list[torch.nn.Module], data: ImageData, cfg: TrainConfig, device: torch.device,
-                  stacked_bytes: int | None = None) -> tuple[bool, str]:
+                  processes: int = 1) -> tuple[bool, str]:
     """(whether the models train stacked, why): on a GPU, one after another when one model's
-    step fills it (FILLS_A_GPU_FLOPS) or the stack would not fit in its memory; on a CPU,
-    stacked (the committed runs' way: a stack of 5 digits ViTs costs ~1.3x one)."""
+    step fills it (FILLS_A_GPU_FLOPS) or the stack's memory estimate (memory.py) passes 90 %
+    of the GPU's memory; on a CPU, stacked (the committed runs' way: a stack of 5 digits ViTs
+    costs ~1.3x one). processes: how many share each step's batch (torchrun)."""
     if device.type != "cuda":
         return True, "stacked on the CPU"
     flops = training_flops_per_image(models[0], tuple(data.train_images.shape[1:])) * cfg.batch_size
@@ -367,8 +373,14 @@ def plan_stacking(models: list[torch.nn.Module], data: ImageData, cfg: TrainConf
         return False, (f"one model's step is {flops / 1e12:.1f} TFLOP, enough to fill the GPU: stacking would "
                        "multiply the memory and buy little")
     total = torch.cuda.get_device_properties(device).total_memory
-    if stacked_bytes is not None and stacked_bytes > 0.9 * total:
-        return False, f"the stack's memory estimate ({stacked_bytes / 2 ** 30:.1f} GiB) exceeds the GPU's"
+    batch = min(cfg.batch_size, len(data.train_labels)) // processes
+    estimate = estimate_training_memory(models, data.train_images[:1], batch=batch, micro_batch=None,
+                                        dtype=compute_dtype(cfg, device, models[0]),
+                                        data_bytes=data.train_images.nbytes + data.test_images.nbytes,
+                                        test_images=len(data.test_labels), device_type="cuda")
+    if estimate.total_bytes > 0.9 * total:
+        return False, (f"the stack of {len(models)} needs about {estimate.total_bytes / 2 ** 30:.1f} GiB (estimated), "
+                       f"more than 90 % of the GPU's {total / 2 ** 30:.1f} GiB")
     return True, f"one model's step is {flops / 1e9:.0f} GFLOP: the host sets the pace, so the seeds stack"
 
 
@@ -380,41 +392,51 @@ def _one_of(checkpoint_path, i: int):
     return path.with_name(f"{path.stem}-model{i}{path.suffix}")
 
 
-def step_forward(stack: StackedModels, cfg: TrainConfig, device: torch.device):
-    """(the step's forward and loss, how it runs): compiled by torch.compile where cfg.compile
-    says (auto: on CUDA; off on the CPU, where the committed bytes are eager's), else None
-    (StackedModels.forward_and_loss, eager). A host-bound stack on CUDA is compiled in
-    reduce-overhead mode (its forward and backward replayed as CUDA graphs). Compiling is
-    tried on the first step; a machine where it fails gets a one-line warning and the eager
-    step. Inductor keeps what it compiled on disk (its FX graph cache), so a second process
-    of the same recipe pays far less."""
+# Compiling and capturing happen over the first calls (dynamo traces on the first; a CUDA graph
+# tree warms up on the first and records on the second or third): a failure in any of them,
+# forward or backward, falls back to eager. Past them a failure is a real error and is raised.
+GUARDED_CALLS = 3
+
+
+def step_objective(stack: StackedModels, cfg: TrainConfig, device: torch.device):
+    """(objective(replica, x, y) -> loss_and_grads's result, how it runs): the step's forward
+    and loss compiled by torch.compile where cfg.compile says (auto: on CUDA; off on the CPU,
+    where the committed bytes are eager's), else eager and "". A host-bound stack on CUDA is
+    compiled in reduce-overhead mode (its forward and backward replayed as CUDA graphs). A
+    machine where compiling or capturing fails, in the forward or the backward, gets a
+    one-line warning and the eager step (the failed call re-run eager, nothing lost). Inductor
+    keeps what it compiled on disk (its FX graph cache), so a second process of the same
+    recipe pays far less."""
+    def eager(replica, x, y):
+        return loss_and_grads(replica, x, y, cfg, device)
     on = cfg.compile == "on" or (cfg.compile == "auto" and device.type == "cuda")
     if not on or stack.way == "by vmap":
-        return None, ""
+        return eager, ""
     host_bound = device.type == "cuda" and stack.way != "plain"
     mode = "reduce-overhead" if host_bound else None
     compiled = torch.compile(stack.forward_and_loss, mode=mode)
-    state = {"fn": compiled}
+    state = {"calls": 0, "failed": False}
 
-    def forward(x, y, loss_fn, context):
+    def objective(replica, x, y):
+        if state["failed"]:
+            return eager(replica, x, y)
         if host_bound:
             torch.compiler.cudagraph_mark_step_begin()     # the last step's graph outputs are done with
-        fn = state["fn"]
-        if fn is stack.forward_and_loss:
-            return fn(x, y, loss_fn, context)
+        if state["calls"] >= GUARDED_CALLS:
+            return loss_and_grads(replica, x, y, cfg, device, compiled)
+        state["calls"] += 1
         try:
-            out = fn(x, y, loss_fn, context)
+            out = loss_and_grads(replica, x, y, cfg, device, compiled)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)             # a failed kernel surfaces here, not steps later
+            return out
         except Exception as e:                         # noqa: BLE001 (any compiler failure: run eager)
-            if state.get("ran"):
-                raise
             first = str(e).splitlines()[0][:200] if str(e) else ""
             print(f"warning: torch.compile failed ({type(e).__name__}: {first}); training eager "
                   "(compile: off in the recipe skips the attempt)")
-            state["fn"] = stack.forward_and_loss
-            return stack.forward_and_loss(x, y, loss_fn, context)
-        state["ran"] = True
-        return out
-    return forward, f"compiled ({mode or 'default'} mode)"
+            state["failed"] = True
+            return eager(replica, x, y)
+    return objective, f"compiled ({mode or 'default'} mode)"
 
 
 def _evaluate_stacked(stack: StackedModels, images, labels, *, augmentation: BatchAugmentation,
