@@ -66,22 +66,27 @@ def test_compiled_steps_train_as_eager_ones_do(digits, capsys):
             torch.testing.assert_close(mc.state_dict()[k], v, rtol=1e-3, atol=1e-4, msg=k)
 
 
-def test_a_failing_compile_warns_once_and_trains_eager(monkeypatch, digits, capsys):
+@pytest.mark.parametrize("chunks", [1, 4])
+def test_a_failing_compile_warns_once_and_trains_eager(monkeypatch, digits, capsys, chunks):
     """A machine where compiling fails (no compiler, an unsupported op) trains eager after a
-    one-line warning, never a crash."""
+    one-line warning, never a crash; once, also where a step's chunks call it from threads."""
     def broken(fn, **kw):
         def run(*a, **k):
             raise RuntimeError("no C++ compiler found\nmore detail")
         return run
     monkeypatch.setattr(torch, "compile", broken)
     cfg = si.TrainConfig(epochs=2, batch_size=32, warmup_epochs=0, randaugment=None, hflip=False, amp="off",
-                         cpu_chunks=1, compile="on")
+                         cpu_chunks=chunks, compile="on")
     history = si.train_models([small_vit()], digits, [cfg], device="cpu", train_indices=torch.arange(64))[0]
     out = capsys.readouterr().out
+    assert chunks == 1 or f"{chunks} chunks of" in out, out           # the step really ran in threads
     warnings = [line for line in out.splitlines() if line.startswith("warning: torch.compile failed")]
     assert warnings == ["warning: torch.compile failed (RuntimeError: no C++ compiler found); training eager "
                         "(compile: off in the recipe skips the attempt)"], out
     assert len(history) == 2 and all(h["train_loss"] == h["train_loss"] for h in history)
+    # the next cell of this process (a cell's seeds trained one after another) does not try again
+    assert step_objective(StackedModels([small_vit()]), cfg, CPU)[1] == \
+        "eager (torch.compile failed earlier in this process)"
 
 
 class _FailingBackward(torch.autograd.Function):

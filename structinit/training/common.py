@@ -140,7 +140,8 @@ def autocast(cfg: TrainConfig, device: torch.device):
 # {"checkpoint_format": 3}, are unchanged. Checkpoints live in .ckpt/, outside DVC's outputs.
 # 4: trainer.py's optimizer moments in each model's own layout (3 wrote the batched Linear
 # moments in the stack's transposed layout, which a plain run would misread; a format-3
-# checkpoint is ignored and its cell trains afresh). 3: one file per call, every model's
+# checkpoint is ignored and its cell trains afresh; so is a streamed one, which shares the
+# number, though its layout did not change). 3: one file per call, every model's
 # state (2: one file per model).
 CHECKPOINT_FORMAT = 4
 CHECKPOINT_FORMAT_KEY = "checkpoint_format"

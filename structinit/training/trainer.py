@@ -19,7 +19,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Callable
 
@@ -121,11 +123,13 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
                  on_epoch_end: Callable[[int, dict], None] | None = None, progress: bool = True,
                  ctx: DistributedContext | None = None, checkpoint_every_s: float = 0.0,
                  micro_batch: int | None = None) -> list[list[dict]]:
-    """Train models of one architecture in place, stacked; returns each one's epoch metrics.
+    """Train models of one architecture in place, stacked (on a GPU, one after another where
+    plan_stacking says so, each as a call of its own); returns each one's epoch metrics.
 
     cfgs: one per model, equal except for `seed` (each model's data order and augmentation).
     checkpoint_path: one file with every model's weights, optimizer state and history, written
-    atomically (a temporary file, then a rename) after every epoch, and resumed from when it
+    atomically (a temporary file, then a rename) after every epoch (models trained one after
+    another: one file each, checkpoint-model<i>.pt beside it), and resumed from when it
     exists and its fingerprints (each model's config + whatever the caller adds in
     `fingerprints[i]`, e.g. the init) all match; a mismatching checkpoint is ignored and
     overwritten, a damaged one moved aside (all models then start afresh). One file, not one
@@ -166,7 +170,9 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
     refuse_batchnorm(models, ctx.world_size)         # before the device plan: the model's own refusal first
     device = torch.device(device) if device is not None else ctx.device() if ctx.enabled else default_device()
     if len(models) > 1:
-        together, why = plan_stacking(models, data, cfg, device, processes=ctx.world_size)
+        together, why = plan_stacking(models, data, cfg, device, processes=ctx.world_size,
+                                      train_size=None if train_indices is None else len(train_indices),
+                                      micro_batch=micro_batch)
         if not together:
             # one after another, each on timm's own module; each its own checkpoint file
             if progress and ctx.is_main:
@@ -227,7 +233,8 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
         where = f"{device} x {ctx.world_size} processes" if ctx.enabled else device
         way = "timm's own module" if stack.way == "plain" else f"stacked ({stack.way})"
         print(f"training {len(models)} model(s) {way} on {where} in {dtype}, "
-              f"epochs {start + 1}-{cfg.epochs}: {how} per step, {attention}" + (f" ({note})" if note else ""))
+              f"epochs {start + 1}-{cfg.epochs}: {how} per step, {attention}" + (f" ({note})" if note else "")
+              + (f"; {why}" if device.type == "cuda" and len(models) > 1 else ""))
         fused = next((m.fused_attn for m in stack.base.modules() if hasattr(m, "fused_attn")), None)
         _announce_memory(models, augmentation.normalize(train_x[:8]), batch_size // ctx.world_size,
                          micro_batch, dtype, device, data_bytes=train_x.nbytes + test_x.nbytes, fused_attention=fused,
@@ -361,11 +368,14 @@ FILLS_A_GPU_FLOPS = 1e12
 
 
 def plan_stacking(models: list[torch.nn.Module], data: ImageData, cfg: TrainConfig, device: torch.device,
-                  processes: int = 1) -> tuple[bool, str]:
+                  processes: int = 1, train_size: int | None = None,
+                  micro_batch: int | None = None) -> tuple[bool, str]:
     """(whether the models train stacked, why): on a GPU, one after another when one model's
     step fills it (FILLS_A_GPU_FLOPS) or the stack's memory estimate (memory.py) passes 90 %
     of the GPU's memory; on a CPU, stacked (the committed runs' way: a stack of 5 digits ViTs
-    costs ~1.3x one). processes: how many share each step's batch (torchrun)."""
+    costs ~1.3x one). processes: how many share each step's batch (torchrun); train_size: the
+    training images used (a subset's size; None: all); micro_batch: images per model per pass
+    (STRUCTINIT_MICRO_BATCH), which the estimate counts as the step does."""
     if device.type != "cuda":
         return True, "stacked on the CPU"
     flops = training_flops_per_image(models[0], tuple(data.train_images.shape[1:])) * cfg.batch_size
@@ -373,10 +383,12 @@ def plan_stacking(models: list[torch.nn.Module], data: ImageData, cfg: TrainConf
         return False, (f"one model's step is {flops / 1e12:.1f} TFLOP, enough to fill the GPU: stacking would "
                        "multiply the memory and buy little")
     total = torch.cuda.get_device_properties(device).total_memory
-    batch = min(cfg.batch_size, len(data.train_labels)) // processes
-    estimate = estimate_training_memory(models, data.train_images[:1], batch=batch, micro_batch=None,
+    n_train = len(data.train_labels) if train_size is None else train_size
+    batch = min(cfg.batch_size, n_train) // processes
+    per_image = data.train_images[:1].nbytes
+    estimate = estimate_training_memory(models, data.train_images[:1], batch=batch, micro_batch=micro_batch,
                                         dtype=compute_dtype(cfg, device, models[0]),
-                                        data_bytes=data.train_images.nbytes + data.test_images.nbytes,
+                                        data_bytes=n_train * per_image + data.test_images.nbytes,
                                         test_images=len(data.test_labels), device_type="cuda")
     if estimate.total_bytes > 0.9 * total:
         return False, (f"the stack of {len(models)} needs about {estimate.total_bytes / 2 ** 30:.1f} GiB (estimated), "
@@ -395,7 +407,13 @@ def _one_of(checkpoint_path, i: int):
 # Compiling and capturing happen over the first calls (dynamo traces on the first; a CUDA graph
 # tree warms up on the first and records on the second or third): a failure in any of them,
 # forward or backward, falls back to eager. Past them a failure is a real error and is raised.
+# Calls, not steps: a step split in pieces (micro-batches, the CPU's chunks) calls once a piece,
+# and each call of the compiled function is what compiles, warms up or records.
 GUARDED_CALLS = 3
+# torch.compile functions that failed in this process: later cells (a cell's seeds trained one
+# after another, each a call of train_models) do not try again and warn again. Keyed by the
+# function itself, so a test that swaps in a broken torch.compile leaves the real one untried.
+_FAILED_COMPILERS: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def step_objective(stack: StackedModels, cfg: TrainConfig, device: torch.device):
@@ -404,38 +422,55 @@ def step_objective(stack: StackedModels, cfg: TrainConfig, device: torch.device)
     where the committed bytes are eager's), else eager and "". A host-bound stack on CUDA is
     compiled in reduce-overhead mode (its forward and backward replayed as CUDA graphs). A
     machine where compiling or capturing fails, in the forward or the backward, gets a
-    one-line warning and the eager step (the failed call re-run eager, nothing lost). Inductor
-    keeps what it compiled on disk (its FX graph cache), so a second process of the same
-    recipe pays far less."""
+    one-line warning and the eager step (the failed call re-run eager, nothing lost; the
+    compiled graphs dropped). An error that leaves the CUDA context unusable (an illegal memory
+    access) fails the eager re-run as well: that one is raised. Inductor keeps what it
+    compiled on disk (its FX graph cache), so a second process of the same recipe pays far less."""
     def eager(replica, x, y):
         return loss_and_grads(replica, x, y, cfg, device)
     on = cfg.compile == "on" or (cfg.compile == "auto" and device.type == "cuda")
     if not on or stack.way == "by vmap":
         return eager, ""
+    if torch.compile in _FAILED_COMPILERS:
+        return eager, "eager (torch.compile failed earlier in this process)"
     host_bound = device.type == "cuda" and stack.way != "plain"
     mode = "reduce-overhead" if host_bound else None
-    compiled = torch.compile(stack.forward_and_loss, mode=mode)
-    state = {"calls": 0, "failed": False}
+    compiler = torch.compile
+    compiled = compiler(stack.forward_and_loss, mode=mode)
+    state = {"calls": 0, "failed": False, "trusted": False}   # trusted: the guarded calls all succeeded
+    # the CPU's chunks call from threads: the guarded calls run one at a time (the first
+    # compiles while the others wait), so one failure warns once and the rest run eager
+    guard = threading.Lock()
 
     def objective(replica, x, y):
+        if state["trusted"]:
+            if host_bound:
+                torch.compiler.cudagraph_mark_step_begin()     # the last step's graph outputs are done with
+            return loss_and_grads(replica, x, y, cfg, device, compiled)
         if state["failed"]:
             return eager(replica, x, y)
-        if host_bound:
-            torch.compiler.cudagraph_mark_step_begin()     # the last step's graph outputs are done with
-        if state["calls"] >= GUARDED_CALLS:
-            return loss_and_grads(replica, x, y, cfg, device, compiled)
-        state["calls"] += 1
-        try:
-            out = loss_and_grads(replica, x, y, cfg, device, compiled)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)             # a failed kernel surfaces here, not steps later
-            return out
-        except Exception as e:                         # noqa: BLE001 (any compiler failure: run eager)
-            first = str(e).splitlines()[0][:200] if str(e) else ""
-            print(f"warning: torch.compile failed ({type(e).__name__}: {first}); training eager "
-                  "(compile: off in the recipe skips the attempt)")
-            state["failed"] = True
-            return eager(replica, x, y)
+        with guard:
+            if state["failed"]:
+                return eager(replica, x, y)
+            if state["trusted"]:
+                return objective(replica, x, y)
+            state["calls"] += 1
+            try:
+                if host_bound:
+                    torch.compiler.cudagraph_mark_step_begin()
+                out = loss_and_grads(replica, x, y, cfg, device, compiled)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)             # a failed kernel surfaces here, not steps later
+                state["trusted"] = state["calls"] >= GUARDED_CALLS
+                return out
+            except Exception as e:                         # noqa: BLE001 (any compiler failure: run eager)
+                first = str(e).splitlines()[0][:200] if str(e) else ""
+                print(f"warning: torch.compile failed ({type(e).__name__}: {first}); training eager "
+                      "(compile: off in the recipe skips the attempt)")
+                state["failed"] = True
+                _FAILED_COMPILERS.add(compiler)
+                torch.compiler.reset()                     # the graphs and any CUDA-graph memory pool
+                return eager(replica, x, y)
     return objective, f"compiled ({mode or 'default'} mode)"
 
 
