@@ -3,7 +3,7 @@
 #   ./run.sh repro [dvc repro args]   the main job: dvc repro on the embedded default
 #   ./run.sh test  [pytest args]      the test suite (what CI runs)
 #   ./run.sh quick [--dry-run ...]    a quick look in minutes: the pipeline on 30 epochs and 2 seeds in a
-#                                     temporary copy (python -m benchmarks.quick; not the result)
+#                                     temporary copy (python -m tools.quick; not the result)
 #   ./run.sh verify [--against REV]   after repro: the same bytes as committed, or else the
 #                                     same conclusions and accuracies within tolerance
 #   ./run.sh pins                     rewrite constraints.txt from the environment (after a change
@@ -75,7 +75,7 @@ case "$cmd" in
   test)  bash tests/setup_browser.sh # chromium + local vega JS for test_plots_render (never fails)
          exec python -m pytest "$@" ;;
   repro) exec dvc repro "$@" ;;
-  quick) exec python -m benchmarks.quick "$@" ;;
+  quick) exec python -m tools.quick "$@" ;;
   verify) exec python -m structinit.pipeline.verify "$@" ;;
   pins)  # pip freeze: every installed distribution but this project, each at its version
          { echo "# Every package the environment holds, transitive ones included, at the version tested:"

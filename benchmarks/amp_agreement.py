@@ -4,7 +4,7 @@
 
 Each (initializer, seed) trains twice from the same initial weights and the same data order:
 once in fp32 (amp: off) and once under bf16 autocast (amp: bf16), everything else the digits
-recipe of params.yaml (warm-up kept at 5 % of the epochs, as benchmarks/epochs.py does). The
+recipe of params.yaml (warm-up kept at 5 % of the epochs, as structinit/evidence/epoch_budget.py does). The
 seeds of one initializer train stacked, as the pipeline's cells do.
 
 Prints, per initializer and seed, the final test accuracy under both, the paired difference
@@ -25,7 +25,7 @@ from tabulate import tabulate
 from structinit import TrainConfig, initialize, prepare_dataset, train_models
 from structinit.pipeline.build import build_model
 from structinit.pipeline.cells import parse_init
-from structinit.training.trainer import BatchAugmentation
+from structinit.training.batches import BatchAugmentation
 
 
 def train_arm(data, rec, init, epochs, seeds, amp):

@@ -5,7 +5,7 @@
 Times one training step's gradients (StackedModels.loss_and_grads: forward, loss, backward) of
 the default digits cell's stack (params.yaml's digits model, Trunc Normal, `--models` seeds
 stacked the batched way) on one chunk of `--batch` images per model, single-threaded, as each
-of the CPU trainer's chunks runs (gradient_step.ChunkedStep), for the four combinations of
+of the CPU trainer's chunks runs (step.ChunkedGradients), for the four combinations of
 
 - attention: timm's fused `scaled_dot_product_attention` or its explicit q @ k.T -> softmax -> @ v,
 - precision: fp32, or bf16 autocast (emulated, and slow, on CPUs without native bf16).
@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
+
+from structinit.pipeline.load import load_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,7 +40,7 @@ def make_stack(n_models: int, image_size: int | None = None):
     from structinit.pipeline.build import build_model
     from structinit.training.stacked import StackedModels
 
-    rec = yaml.safe_load((REPO / "params.yaml").read_text())["recipes"]["digits"]
+    rec = load_params(REPO / "params.yaml")["recipes"]["digits"]
     spec = dataclasses.replace(DATASETS["digits"], image_size=image_size or DATASETS["digits"].image_size)
     models = []
     for seed in range(n_models):

@@ -4,7 +4,7 @@ against the committed run's, beside `./run.sh verify`'s tolerance and the fragil
     python -m benchmarks.cpu_variation [--out benchmarks/cpu_variation.md]
 
 Reads the epoch benchmark's earlier runs on an Intel Xeon at the recipe's own budget
-(benchmarks/epochs_intel.csv: budgets 40-160 of benchmarks/epochs.csv before that file was
+(benchmarks/epochs_intel.csv: budgets 40-160 of the epoch evidence's epochs.csv before that file was
 re-run on the committed run's CPU; the CPU its `cpu` column names) and the committed main-grid
 runs of the same initializer and seed (results/train/<dataset>-<init>/seed<s>/: on the CPU each
 run logged beside its params), and
@@ -26,6 +26,8 @@ import pandas as pd
 import yaml
 from tabulate import tabulate
 
+from structinit.pipeline.cells import planned_contrast
+from structinit.pipeline.load import load_params
 from structinit.pipeline.verify import TOLERANCE_TEST_IMAGES, test_image_count
 from structinit.reporting import stats
 
@@ -62,7 +64,7 @@ def paired_runs(repo: Path, epochs_csv: Path, dataset: str, epochs: int) -> pd.D
 
 
 def cpu_variation(repo: Path, epochs_csv: Path, dataset: str = "digits") -> str:
-    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params = load_params(repo / "params.yaml")
     epochs = params["recipes"][dataset]["train"]["epochs"]
     runs = paired_runs(repo, epochs_csv, dataset, epochs)
     if runs.empty:
@@ -84,8 +86,7 @@ def cpu_variation(repo: Path, epochs_csv: Path, dataset: str = "digits") -> str:
     sd_seed = float(np.sqrt(np.mean(within) * 2)) if within else float("nan")
     seed_pairs = sum(len(g) * (len(g) - 1) // 2 for _, g in runs.groupby("init"))
     # the primary contrast on the shared seeds, on each CPU
-    primary = params["contrasts"]["primary"].replace("ours", f"impulse{params['init']['kernel']}")
-    a, b = (x.strip() for x in primary.split(" vs "))
+    a, b = planned_contrast(params, params["contrasts"]["primary"])
     lines, diffs = [], []
     for side in ("other", "here"):
         ga = dict(zip(runs[runs.init == a].seed, runs[runs.init == a][side]))

@@ -4,7 +4,8 @@
 
 Clones the repository's committed HEAD into a temporary folder (what a user gets: no DVC
 cache, nothing run yet; commit first to measure local changes), runs `dvc repro <target>`
-there with this environment's Python on PATH, and prints each stage family's count and
+there with this environment's Python on PATH (both by tools/scratch.py, the one way to run the
+pipeline in a scratch copy), and prints each stage family's count and
 seconds (from the moments DVC announces each stage) and the whole wall time. The default
 target, `aggregate`, is the main table alone (download -> preoptimize -> train -> aggregate);
 `--target ''` runs everything, every study included. Last line: `wall: <seconds> s`.
@@ -15,35 +16,46 @@ README states its minutes, checked by tests/test_first_screen.py): the
 commit, the CPU, the threads, each stage's seconds and the dtype its training computed in (as
 the trainer printed it). The file lives outside DVC's outputs: a time is not the same bytes
 twice.
+
+On a GPU machine the training stages use CUDA by themselves (nothing to set: every stage is a
+child of this Python, which sees the GPU). `--out-dir benchmarks` writes that run's own file,
+one per card and commit: benchmarks/fresh_repro-<card>-<commit>.md (tools/probe_file.py's
+fresh_repro_name: the card's name as in the probe's files, the clone's commit), headed by the
+card; the README's GPU minutes for the default come from the newest complete one
+(tools/probe_file.py's readme_gpu_default). `--deadline SECONDS` bounds the whole command: at
+that moment dvc and its stages are ended, and the file says the run was cut short (which stages
+finished, which did not) instead of giving minutes. `python -m benchmarks.gpu_session` runs the
+probe and then this (`--target '' --out-dir benchmarks --deadline ...`) as one command of at
+most 10 minutes.
 """
 import argparse
 import collections
 import os
 import re
-import shutil
 import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 from tabulate import tabulate
 
+from tools import scratch
+from tools.probe_file import fresh_repro_name
+
 STAGE_LINE = re.compile(r"Running stage '([^']+)'")
 DTYPE_LINE = re.compile(r"training \d+ model\(s\) .* in (bf16|fp32)")   # trainer.py's announcement
 
 
-def timed_repro(repo: Path, target: str) -> tuple[list[tuple[str, float, str]], float]:
+def timed_repro(repo: Path, target: str, timeout: float | None = None
+                ) -> tuple[list[tuple[str, float, str]], float, bool]:
     """Run `dvc repro target` in repo; returns [(stage, seconds, dtypes)] in run order (dtypes:
-    what the stage's training computed in, "" where it trained nothing) and the wall time."""
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               DVC_NO_ANALYTICS="1")
-    cmd = ["dvc", "repro"] + ([target] if target else [])
+    what the stage's training computed in, "" where it trained nothing), the wall time, and
+    whether it ran to its end: False where `timeout` (seconds) ended it (the last stage listed is
+    then the one it stopped in)."""
+    args = ["repro"] + ([target] if target else [])
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1)
     starts, dtypes, tail = [], [], collections.deque(maxlen=40)
-    for line in proc.stdout:
+
+    def said(line: str) -> None:
         tail.append(line)
         if match := STAGE_LINE.search(line):
             starts.append((match[1], time.perf_counter()))
@@ -51,12 +63,42 @@ def timed_repro(repo: Path, target: str) -> tuple[list[tuple[str, float, str]], 
             print(f"{starts[-1][1] - t0:7.1f} s  {match[1]}", flush=True)
         elif (match := DTYPE_LINE.search(line)) and dtypes:
             dtypes[-1].add(match[1])
-    if proc.wait():
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{''.join(tail)}")
+    code = scratch.run_dvc(repo, *args, on_line=said, timeout=timeout)
+    complete = code != scratch.TIMED_OUT
+    if code and complete:
+        raise SystemExit(f"dvc {' '.join(args)} failed ({code}):\n{''.join(tail)}")
     end = time.perf_counter()
     stages = [(name, (starts[i + 1][1] if i + 1 < len(starts) else end) - t, "+".join(sorted(dtypes[i])))
               for i, (name, t) in enumerate(starts)]
-    return stages, end - t0
+    return stages, end - t0, complete
+
+
+def gpu_card() -> tuple[str, str] | None:
+    """(name, memory) of the GPU torch sees, or None. Asked of nvidia-smi, so that this process,
+    which trains nothing, holds no CUDA context while the stages run; torch where there is no
+    nvidia-smi."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    index = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader", "-i", index],
+                           capture_output=True, text=True, timeout=20)
+        name, memory = (c.strip() for c in r.stdout.strip().splitlines()[0].split(","))
+        return name, memory
+    except (OSError, subprocess.TimeoutExpired, IndexError, ValueError):
+        props = torch.cuda.get_device_properties(0)
+        return props.name, f"{props.total_memory / 2 ** 30:.1f} GiB"
+
+
+def out_file(out_dir: Path, card: str | None, head: str) -> Path:
+    """Where --out-dir writes: out_dir/fresh_repro-<card>-<commit>.md (one file per card and
+    commit). A machine without a GPU has benchmarks/fresh_repro.md (--write): refused here."""
+    if card is None:
+        raise SystemExit("--out-dir names a GPU's own file and torch sees no GPU here; on the CPU use "
+                         "--write benchmarks/fresh_repro.md")
+    return out_dir / fresh_repro_name(card, head)
 
 
 def machine() -> dict:
@@ -77,11 +119,17 @@ def machine() -> dict:
     rec["cpu_id"] = ", ".join(f"{k} {v}" for k, v in ids.items())
     rec["cores"] = os.cpu_count()
     rec["cuda"] = torch.cuda.is_available()
+    rec["card"] = gpu_card()
+    rec["cuda_version"] = torch.version.cuda
     return rec
 
 
-def report(stages: list[tuple[str, float, str]], wall: float, head: str, target: str, rec: dict) -> str:
-    """The run's figures as markdown: machine, per stage family, per stage, wall time."""
+def report(stages: list[tuple[str, float, str]], wall: float, head: str, target: str, rec: dict,
+           complete: bool = True, command: str | None = None, when: str | None = None) -> str:
+    """The run's figures as markdown: machine, per stage family, per stage, wall time. A run
+    that did not complete (cut at its deadline) gives no minutes: it says which stages finished.
+    command: how the file was written (default: --write benchmarks/fresh_repro.md); when: the
+    run's date (UTC; default now)."""
     by_family = collections.defaultdict(list)
     for name, seconds, dtype in stages:
         by_family[name.split("@")[0]].append((seconds, dtype))
@@ -89,18 +137,32 @@ def report(stages: list[tuple[str, float, str]], wall: float, head: str, target:
                  "+".join(sorted({d for _, d in s if d})) or "-"] for fam, s in by_family.items()]
     families.append(["total", len(stages), f"{sum(t for _, t, _ in stages):.1f}", "", ""])
     each = [[name, f"{seconds:.1f}", dtype or "-"] for name, seconds, dtype in stages]
-    device = "a CUDA GPU" if rec["cuda"] else f"{rec['cores']} CPU cores, no GPU"
+    if not complete and each:
+        each[-1][0] += " (ended at the deadline, unfinished)"
+    when = when or time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+    command = command or f"python -m benchmarks.fresh_repro --target '{target}' --write benchmarks/fresh_repro.md"
+    what = (f"`dvc repro {target or ''}`".replace(" `", "`") + f" in a fresh clone of `{head}` "
+            f"(what a user's first `./run.sh repro` runs, on an empty DVC cache; the `.venv` set-up not counted)")
+    if complete:
+        headline = f"{what}: **{wall / 60:.1f} min** ({wall:.0f} s wall)."
+    else:
+        done = max(len(stages) - 1, 0)
+        headline = (f"{what}: **cut short** at the command's deadline after {wall:.0f} s wall: {done} stage(s) "
+                    f"finished, the last one below did not; not the default's time.")
+    if rec.get("card"):
+        name, memory = rec["card"]
+        device = (f"one {name} ({memory}), CUDA {rec.get('cuda_version')}; {rec['cores']} CPU cores: "
+                  f"{rec['cpu']} ({rec['cpu_id']})")
+    else:
+        device = f"{rec['cpu']} ({rec['cpu_id']}), " + ("a CUDA GPU" if rec["cuda"]
+                                                        else f"{rec['cores']} CPU cores, no GPU")
     lines = [
-        f"`dvc repro {target or ''}`".replace(" `", "`") + f" in a fresh clone of `{head}` "
-        f"(what a user's first `./run.sh repro` runs, on an empty DVC cache; the `.venv` set-up "
-        f"not counted): **{wall / 60:.1f} min** "
-        f"({wall:.0f} s wall).",
+        headline,
         "",
-        f"Machine: {rec['cpu']} ({rec['cpu_id']}), {device}, {rec['threads']} threads, "
+        f"Machine: {device}, {rec['threads']} threads, "
         f"ATen {rec['aten_capability']}, native bf16 {'yes' if rec['native_bf16'] else 'no'}, "
-        f"torch {rec['torch']}. Written by `python -m benchmarks.fresh_repro --target '{target}' "
-        f"--write benchmarks/fresh_repro.md` after the run; dtype: what each stage's training "
-        f"computed in, as the trainer printed it.",
+        f"torch {rec['torch']}; on {when} UTC. Written by `{command}` after the run; dtype: what each stage's "
+        f"training computed in, as the trainer printed it.",
         "",
         tabulate(families, headers=["stage", "runs", "seconds", "seconds per run", "dtype"],
                  tablefmt="github"),
@@ -116,31 +178,41 @@ def report(stages: list[tuple[str, float, str]], wall: float, head: str, target:
 
 
 def main():
+    started = time.monotonic()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="aggregate", help="dvc repro target ('' = every stage)")
     ap.add_argument("--repo", default=".", help="repository to clone (default: this one)")
     ap.add_argument("--keep", action="store_true", help="keep the clone (its path is printed)")
     ap.add_argument("--write", type=Path, help="also write the figures as markdown to this file")
+    ap.add_argument("--out-dir", type=Path, help="on a GPU machine: also write DIR/fresh_repro-<card>-<commit>.md")
+    ap.add_argument("--deadline", type=float, help="seconds for the whole command: dvc and its stages are ended "
+                                                   "then, and what ran is written as a run cut short")
     a = ap.parse_args()
-    if a.write and not a.write.parent.is_dir():   # before an hour of training, not after
-        raise SystemExit(f"--write {a.write}: folder {a.write.parent} does not exist")
-    tmp = Path(tempfile.mkdtemp(prefix="structinit-repro-"))
-    clone = tmp / "repo"
-    head = subprocess.run(["git", "-C", a.repo, "rev-parse", "--short", "HEAD"], check=True,
-                          capture_output=True, text=True).stdout.strip()
-    subprocess.run(["git", "clone", "-q", a.repo, str(clone)], check=True)
-    print(f"dvc repro {a.target or '(all stages)'} in a fresh clone of {head} ({clone})", flush=True)
-    try:
-        stages, wall = timed_repro(clone, a.target)
-    finally:
-        if not a.keep:
-            shutil.rmtree(tmp, ignore_errors=True)
-    text = report(stages, wall, head, a.target, machine())
+    for folder in ([a.write.parent] if a.write else []) + ([a.out_dir] if a.out_dir else []):
+        if not folder.is_dir():                   # before an hour of training, not after
+            raise SystemExit(f"folder {folder} does not exist")
+    rec = machine()                               # before the run: the card is known, no CUDA context held
+    card = rec["card"][0] if rec["card"] else None
+    if a.out_dir:
+        out_file(a.out_dir, card, "0")            # refused without a GPU, before the run
+    with scratch.Scratch("repro", keep=a.keep) as s:
+        head = scratch.clone_head(s.repo, Path(a.repo))
+        print(f"dvc repro {a.target or '(all stages)'} in a fresh clone of {head} ({s.repo})"
+              + (f" on {card}" if card else ""), flush=True)
+        timeout = a.deadline - (time.monotonic() - started) if a.deadline else None
+        stages, wall, complete = timed_repro(s.repo, a.target, timeout=timeout)
+    targets = ([(a.write, f"--write {a.write}")] if a.write else [])
+    if a.out_dir:
+        targets.append((out_file(a.out_dir, card, head), f"--out-dir {a.out_dir}"))
+    text = ""
+    for path, how in targets or [(None, "")]:
+        command = f"python -m benchmarks.fresh_repro --target '{a.target}' {how}".strip()
+        text = report(stages, wall, head, a.target, rec, complete=complete, command=command)
+        if path is not None:
+            path.write_text(text)
+            print(f"written: {path}")
     print(text)
-    if a.write:
-        a.write.write_text(text)
-        print(f"written: {a.write}")
-    print(f"wall: {wall:.1f} s ({wall / 60:.1f} min)")
+    print(f"wall: {wall:.1f} s ({wall / 60:.1f} min)" + ("" if complete else ": cut short at the deadline"))
 
 
 if __name__ == "__main__":

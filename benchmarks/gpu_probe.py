@@ -1,8 +1,7 @@
 """GPU probe: what one GPU does with this project, measured by one command in at most 6 minutes on an H100.
 
-    python -m benchmarks.gpu_probe                                   # on a GPU machine
-    python -m benchmarks.gpu_probe --out benchmarks/gpu_probe.md     # ... and make it the priced run
-    python -m benchmarks.gpu_probe --tiny --out /tmp/probe.md        # every part at toy sizes, on the CPU
+    python -m benchmarks.gpu_probe                              # on a GPU: benchmarks/gpu_probe-<card>-<commit>.md
+    python -m benchmarks.gpu_probe --tiny --out /tmp/probe.md   # every part at toy sizes, on the CPU
 
 It writes one markdown file: the machine (card, driver, CUDA, torch, timm, the commit and whether
 the tree was dirty), then
@@ -11,7 +10,7 @@ the tree was dirty), then
       fused AdamW, the recipe's clip, as a plain timm module (eager and under torch.compile) and
       as the project's trainer with one model and with a cell's 5 (stacked, or one after another
       where the trainer's plan says one model fills the GPU: the row says which): ms per step,
-      TFLOP/s (FLOPs per image counted by benchmarks.gpu_hours.count_train_flops, times images)
+      TFLOP/s (FLOPs per image counted by tools.gpu_hours.count_train_flops, times images)
       and that as a share of the card's bf16 matmul rate (8192^3, measured in the same run);
   (c) the trainer end to end on CIFAR-shaped synthetic data (50,000 + 10,000 uint8 images) with the
       paper's recipe (RandAugment, flips, batch 512), 4 epochs: images/s of epoch 2 (the figure
@@ -20,18 +19,30 @@ the tree was dirty), then
   (d) one digits cell as `dvc repro train_impulse@digits-3` trains it: 5 seeds x 160 epochs, Imp.-3,
       stacked (the cell's whole training, warm-up included, as the stage pays it);
   (e) one process under torchrun: the launcher, the device plan, the process group's backend;
-  (f) one digits cell (2 seeds, 3 epochs) trained twice in this process: the same bytes or not.
+  (f) one digits cell (2 seeds, 3 epochs) trained twice in this process: the same bytes or not;
+  (g) where the time goes: one ViT-T/2 step (the paper's CIFAR recipe, the model as (b) builds it)
+      and one digits-stack step (the default cell's 5 seeds of Imp.-3, as (d)), each the
+      trainer's own (train_models, after warm-up epochs), under torch.profiler (CPU and CUDA
+      activity): the 15 kernels with the most device time (names shortened), each one's
+      microseconds and share of the step's device time, the step's wall and device time, the
+      kernels per step and the host's launch calls (a kernel each, or a CUDA graph). --tiny runs
+      it on the CPU, where it lists CPU ops (aten, by self time) instead, labelled so.
 Timings exclude warm-up (on a GPU the trainer's torch.compile runs in its first epoch) and give
-min and median over repeats. The parts run in the order c, b, a, d, f, e (most wanted first). A
+min and median over repeats. The parts run in the order c, b, a, d, g, f, e (most wanted first). A
 part that fails writes its error (one line) and the others still run; each part has a share of
 the budget (--budget, 360 s), and a part whose share is gone is skipped, so the command ends in
-time. The file is rewritten after every part: a run cut short still leaves what it measured.
+time: a later part's expected time is kept in reserve only as far as the budget allows (the
+least wanted give theirs up first). The file is rewritten after every part: a run cut short
+still leaves what it measured. `python -m benchmarks.gpu_session` runs the probe and then the
+default's fresh-clone `dvc repro` (benchmarks/fresh_repro.py) as one command of at most 10 minutes.
 
-Where it writes: benchmarks/gpu_probe_<card>.md by default (<card>: the card's name, lower case, dashed),
-beside the committed benchmarks/gpu_probe.md, which it replaces only when told to (--out
-benchmarks/gpu_probe.md). That committed file is the one benchmarks/gpu_hours.py prices the paper's
-grid from (read_probe: its ViT-T/2 rate, card and commit); after replacing it run `python -m
-benchmarks.gpu_hours --write` and `python -m benchmarks.readme_answer --write` (the README and docs quote both).
+Where it writes: benchmarks/gpu_probe-<card>-<commit>.md by default (tools/probe_file.py's
+probe_name: the card's name lower case and dashed, without "NVIDIA", and the short commit), one
+file per card and commit, committed beside the others. tools/gpu_hours.py prices the paper's grid
+from the one tools/probe_file.py names as PRICED (read_probe: its ViT-T/2 rate, card and commit;
+the file's layout is defined there too); to price from a new run, name its file there and run
+`python -m tools.gpu_hours --write` and `python -m tools.readme_answer --write` (the README and
+docs quote both).
 
 --tiny runs every part at toy sizes on the CPU in well under a minute (the suite runs it:
 tests/test_gpu_probe.py): a tiny ViT, a few images, torch.compile with the eager backend (no C++
@@ -41,6 +52,7 @@ compiler needed), only tests/test_distributed_plan.py's one-process tests. Its f
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -62,36 +74,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from tools.probe_file import (CARD_ROW, COMMIT_ROW, COMPILED_ROW, EAGER_ROW, ESTIMATE_ROW, FIRST_ROW, FLOPS_ROW,
+                              LAUNCHES_ROW, MATMUL_ROW, MODE_ROW, NOT_MEASURED, PEAK_ROW, PROBES, PROFILE_HEADINGS,
+                              PROFILE_TOP, RATE_ROW, RATES_ROW, RATIO_ROW, SECTIONS, SHARE_COLUMN, STACK_ROW,
+                              TINY_LABEL, TRAINER_ROW, probe_name)
+
 REPO = Path(__file__).resolve().parents[1]
-COMMITTED = REPO / "benchmarks" / "gpu_probe.md"      # what benchmarks/gpu_hours.py reads
 GPU_TESTS = ["tests/test_fake_cuda.py", "tests/test_memory.py", "tests/test_numerics.py",
              "tests/test_distributed_plan.py", "tests/test_analysis.py", "tests/test_stacked.py"]
-TINY_LABEL = "tiny (CPU): not a measurement"
 GiB = 2 ** 30
-
-# Section titles and row labels: the writer and read_probe share them, so gpu_hours parses what
-# this writes (tests/test_gpu_probe.py holds both to it).
-SECTIONS = {
-    "machine": "## Machine",
-    "a": "## (a) The suite's GPU-relevant tests",
-    "b": "## (b) One training step alone",
-    "c": "## (c) The trainer end to end, CIFAR-shaped data, the paper's recipe",
-    "d": "## (d) One digits cell: 5 seeds x 160 epochs, Imp.-3",
-    "e": "## (e) One process under torchrun",
-    "f": "## (f) One cell trained twice: the same bytes?",
-}
-MODE_ROW, CARD_ROW, COMMIT_ROW = "mode", "card", "commit"
-MATMUL_ROW = "bf16 matmul rate, TFLOP/s (max / median)"
-FLOPS_ROW = "FLOPs per training image, GFLOP"
-EAGER_ROW, COMPILED_ROW = "plain timm module, eager", "plain timm module, torch.compile"
-TRAINER_ROW, STACK_ROW = "the project's trainer, 1 model", "the project's trainer, stack of"   # ... N
-RATE_ROW = "ViT-T/2 images/s, epoch 2"
-RATES_ROW = "images/s, epochs 2 and later: min / median"
-FIRST_ROW = "epoch 1 (warm-up), s"
-PEAK_ROW = "peak memory (torch.cuda.max_memory_allocated), GiB"
-ESTIMATE_ROW = "memory estimate the trainer printed, GiB"
-RATIO_ROW = "estimate / peak"
-NOT_MEASURED = "not measured"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +105,9 @@ class Sizes:
     digits_images: int | None = None   # None: the recipe's training set (all 1,437)
     same_epochs: int = 3
     same_images: int | None = None
+    profile_batches: int | None = None        # (g)'s ViT epoch: this many batches (None: trainer_batches)
+    profile_digits_images: int | None = None  # (g)'s digits epoch: this many images (None: the recipe's, all 1,437)
+    profile_digits_batch: int | None = None   # (g)'s digits batch (None: the recipe's, 64)
     matmul_n: int = 8192
     matmul_repeats: int = 10
     matmul_inner: int = 5
@@ -123,20 +117,23 @@ class Sizes:
     budget: float = 360.0
     # per part, in the order they run (most wanted first: (c) is the rate gpu_hours prices with):
     # (seconds it is expected to take, seconds it may take at most). The expectations are what
-    # the later parts keep in reserve: an H100's figures at 4380d9d, plus the trainer's
-    # torch.compile on CUDA (~25 s for ViT-T/2, far less once Inductor's FX graph cache has it).
-    parts: tuple = (("c", 45, 80), ("b", 90, 120), ("a", 50, 100), ("d", 70, 110), ("f", 30, 60),
-                    ("e", 15, 45))
+    # the later parts keep in reserve, as far as the budget allows (main): the H200's figures at
+    # 02d9857 (whole probe 253 s: (a) 66, (c) ~50 with its 36 s compile, (d) 37, (e) 16), and (g)'s
+    # two compiles, far shorter once Inductor's FX graph cache has (b) and (c)'s.
+    parts: tuple = (("c", 50, 80), ("b", 70, 120), ("a", 66, 100), ("d", 40, 110), ("g", 30, 75),
+                    ("f", 15, 60), ("e", 16, 45))
 
 
 TINY = Sizes(batch=16, model=dict(patch_size=8, embed_dim=24, depth=1, num_heads=2), warmup=2, repeats=3,
              steps_per_repeat=2, compile_backend="eager", trainer_batches=2, trainer_epochs=3,
              e2e_train=256, e2e_test=64, e2e_batch=32, e2e_epochs=3, digits_epochs=2, digits_images=128,
-             same_epochs=1, same_images=128, matmul_n=256, matmul_repeats=3, matmul_inner=2,
+             same_epochs=1, same_images=128, profile_batches=1, profile_digits_images=16, profile_digits_batch=16,
+             matmul_n=256, matmul_repeats=3, matmul_inner=2,
              tests=("tests/test_distributed_plan.py",), torchrun_train_images=0,
              # the plan's own tests; the two-process one starts processes (15 s on 2 cores)
              test_filter="not two_processes", budget=240.0,
-             parts=(("c", 5, 60), ("b", 10, 60), ("a", 10, 60), ("d", 10, 60), ("f", 5, 60), ("e", 15, 60)))
+             parts=(("c", 5, 60), ("b", 10, 60), ("a", 10, 60), ("d", 10, 60), ("g", 10, 60), ("f", 5, 60),
+                    ("e", 15, 60)))
 
 
 # ---- small tools: timing, limits, formatting --------------------------------------------------
@@ -246,7 +243,7 @@ def extended_pythonpath() -> dict:
 
 def load_recipe(dataset: str, sizes: Sizes) -> tuple[dict, dict, dict]:
     """(params, model shape, train settings) of params.yaml's recipe; tiny: a toy model."""
-    from structinit.pipeline.params import load_params
+    from structinit.pipeline.load import load_params
     params = load_params(REPO / "params.yaml")
     rec = params["recipes"][dataset]
     return params, {**rec["model"], **(sizes.model or {})}, dict(rec["train"])
@@ -430,7 +427,7 @@ def trainer_step_seconds(models_n: int, spec, model_cfg: dict, train: dict, devi
 
 
 def part_step(device, sizes: Sizes, state: dict) -> str:
-    from benchmarks.gpu_hours import count_train_flops
+    from tools.gpu_hours import count_train_flops
     from structinit.data.specs import get_spec
     from structinit.pipeline.build import build_model
 
@@ -450,7 +447,7 @@ def part_step(device, sizes: Sizes, state: dict) -> str:
         ["how the matmul rate was timed", f"torch.matmul of {sizes.matmul_n}^3 bf16 into a preallocated output, "
                                           f"{sizes.matmul_repeats} repeats of {sizes.matmul_inner}, "
                                           f"{'CUDA events' if device.type == 'cuda' else 'perf_counter'}"],
-        [FLOPS_ROW, f"{sig(gflop)} (forward + backward, benchmarks.gpu_hours.count_train_flops)"]])
+        [FLOPS_ROW, f"{sig(gflop)} (forward + backward, tools.gpu_hours.count_train_flops)"]])
     rows = []
     g = torch.Generator().manual_seed(0)
     x = torch.randn(sizes.batch, spec.channels, spec.image_size, spec.image_size, generator=g).to(device)
@@ -576,11 +573,13 @@ def digits_data():
     return si.prepare_dataset("digits")
 
 
-def digits_cell(params, seeds, epochs: int | None, images: int | None, device):
+def digits_cell(params, seeds, epochs: int | None, images: int | None, device, override: dict | None = None, **kw):
     """One cell of the main grid on digits, Imp.-3, as its training stage builds and trains it
     (stages/train.py): the recipe, the stratified subset, the cell's models solved here with
     the closed form (preoptimize's solver), every seed stacked (or as the trainer plans).
-    Returns (models, histories, solve seconds, training seconds, what the trainer printed)."""
+    override: recipe settings changed (the profile's evaluation interval); kw: train_models's
+    (on_epoch_end). Returns (models, histories, solve seconds, training seconds, what the
+    trainer printed)."""
     import structinit as si
     from structinit.data.tensors import stratified_subset
     from structinit.pipeline.build import CellModel, build_cell_model
@@ -592,12 +591,13 @@ def digits_cell(params, seeds, epochs: int | None, images: int | None, device):
     train = dict(params["recipes"]["digits"]["train"])
     if epochs:
         train["epochs"] = epochs
+    train.update(override or {})
     cfgs = [si.TrainConfig(**train, seed=s) for s in seeds]
     t = time.perf_counter()
     models = [build_cell_model(CellModel(dataset="digits", init="impulse3"), params, data.spec, s)[0] for s in seeds]
     solve = time.perf_counter() - t
     t = time.perf_counter()
-    histories, said = train_and_listen(models, data, cfgs, device, echo=False, train_indices=subset)
+    histories, said = train_and_listen(models, data, cfgs, device, echo=False, train_indices=subset, **kw)
     sync(device)
     return models, histories, solve, time.perf_counter() - t, said
 
@@ -621,6 +621,240 @@ def part_digits(device, sizes: Sizes, state: dict) -> str:
          n(statistics.median(h["images_per_s"] for h in histories[0][1:]) * len(seeds)) if per_epoch else NOT_MEASURED],
         ["Imp.-3 solves (closed form, here; the stage reads preoptimize's), s", f"{solve:.2f}"],
         ["final test acc per seed, %", accs], ["how the trainer trained", how_it_trained(said) or "-"]])
+
+
+# ---- (g) where the time goes: one epoch of the trainer under torch.profiler --------------------
+
+# The trainer runs PROFILE_EPOCHS epochs: 1 compiles and captures (not profiled), 2 is the
+# profiler's warm-up, 3 is recorded, 4 runs unprofiled (its wall per step is the one without the
+# profiler's overhead; the evaluation comes after it, outside every figure).
+PROFILE_EPOCHS = 4
+RECORDED_EPOCH = 3
+# host calls that launch device work: a kernel each, or a whole CUDA graph
+KERNEL_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                   "cudaLaunchCooperativeKernel")
+GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch")
+# kernels whose name alone says little (a template over an elementwise functor): the name gets
+# the first telling identifier of its template arguments
+GENERIC_KERNELS = re.compile(r"elementwise|reduce_kernel|^Kernel2?$|^kernel$|^unrolled|^vectorized")
+TELLING = re.compile(r"[A-Za-z_]\w*(?:Functor|functor|_kernel|Kernel|_cuda|gemm|Op)\w*")
+
+
+def _strip_groups(text: str) -> str:
+    """text without its balanced <...> and (...) groups."""
+    out, depth = [], 0
+    for ch in text:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)" and depth:
+            depth -= 1
+        elif not depth:
+            out.append(ch)
+    return "".join(out)
+
+
+def short_kernel_name(name: str, width: int = 72) -> str:
+    """A kernel's name for a table: no return type, namespaces, template arguments or parameter
+    list ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>,
+    ...>(...)" -> "vectorized_elementwise_kernel[CUDAFunctor_add]"), at most `width` characters,
+    no "|"."""
+    text = name.replace("(anonymous namespace)", "anon").strip()
+    text = text[5:] if text.startswith("void ") else text
+    base = _strip_groups(text).strip().split("::")[-1].strip() or text
+    if GENERIC_KERNELS.search(base) and "<" in text:
+        hint = next((h for h in TELLING.findall(text[text.index("<"):]) if h != base and "gpu_kernel" not in h), None)
+        base += f"[{hint}]" if hint else ""
+    base = base.replace("|", "/")
+    return base if len(base) <= width else base[:width - 1] + "…"
+
+
+def profile_summary(prof, steps: int, cuda: bool) -> dict:
+    """What one recorded epoch of `steps` steps says, per step. On CUDA: the device's events
+    (kernels, copies, sets) by name with their time, the kernels the device ran, and the host's
+    launch calls (a kernel each, or a CUDA graph). On the CPU: aten ops by their self time (CPU
+    ops, not kernels: what --tiny can show)."""
+    from torch.autograd import DeviceType
+
+    events = prof.events()
+    rows: dict[str, list] = {}
+    if cuda:
+        device = [e for e in events if e.device_type == DeviceType.CUDA]
+        kernels = [e for e in device if not e.name.startswith(("Memcpy", "Memset"))]
+        for e in device:
+            row = rows.setdefault(short_kernel_name(e.name), [0.0, 0, set()])
+            row[0] += e.time_range.elapsed_us()
+            row[1] += 1
+            row[2].add(e.name)
+        host = collections.Counter(e.name for e in events if e.device_type == DeviceType.CPU)
+        launches = sum(host[k] for k in KERNEL_LAUNCHES)
+        graphs = sum(host[k] for k in GRAPH_LAUNCHES)
+        count = len(kernels)
+    else:
+        for avg in prof.key_averages():
+            if avg.key.startswith("aten::"):
+                rows[avg.key] = [avg.self_cpu_time_total, avg.count, {avg.key}]
+        count = sum(r[1] for r in rows.values())
+        launches = graphs = None
+    total = sum(r[0] for r in rows.values())
+    top = sorted(rows.items(), key=lambda kv: -kv[1][0])[:PROFILE_TOP]
+    return {"steps": steps, "total_us": total / steps, "count": count / steps,
+            "launches": None if launches is None else launches / steps,
+            "graphs": None if graphs is None else graphs / steps,
+            "top": [(name, us / steps, us / total if total else 0.0, calls / steps, len(names))
+                    for name, (us, calls, names) in top]}
+
+
+def profiled_training(run, steps: int, device) -> tuple[dict, list[list[dict]], str]:
+    """run(on_epoch_end) trains PROFILE_EPOCHS epochs through train_models; the profiler
+    records epoch RECORDED_EPOCH (CPU and CUDA activity on a GPU, CPU alone on the CPU).
+    Returns (profile_summary, histories, what the trainer said)."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    summary = {}
+
+    def ready(prof):                       # after the recorded epoch, before the next one starts
+        summary.update(profile_summary(prof, steps, cuda))
+
+    with profile(activities=activities, schedule=schedule(wait=RECORDED_EPOCH - 2, warmup=1, active=1, repeat=1),
+                 on_trace_ready=ready) as prof:
+        def epoch_done(i, metrics):
+            if i == 0:                     # model 0's epochs (every model's, stacked)
+                prof.step()
+        histories, said = run(epoch_done)
+    if not summary:
+        raise RuntimeError(f"the profiler recorded nothing (the trainer ran {len(histories[0])} epochs)")
+    return summary, histories, said
+
+
+def profile_body(title: str, note: str, summary: dict, history: list[dict], said: str, cuda: bool) -> str:
+    """One profile's heading, its figures and its top table."""
+    steps = summary["steps"]
+    recorded, plain = history[RECORDED_EPOCH - 1], history[RECORDED_EPOCH]
+    wall, wall_plain = recorded["train_seconds"] / steps * 1e3, plain["train_seconds"] / steps * 1e3
+    busy = summary["total_us"] / 1e3
+    if cuda:
+        what = "kernel"
+        rows = [["steps recorded", str(steps), f"epoch {RECORDED_EPOCH} of {PROFILE_EPOCHS} (1: compile and "
+                 "capture, 2: the profiler's warm-up, 4: unprofiled)"],
+                ["wall per step, ms (profiled)", f"{wall:.2f}", "train_seconds of the recorded epoch / steps"],
+                ["wall per step, ms (unprofiled)", f"{wall_plain:.2f}",
+                 f"train_seconds of epoch {PROFILE_EPOCHS} / steps"],
+                ["device time per step, ms", f"{busy:.2f}", "kernels, copies and sets on the GPU, summed"],
+                ["device busy, share of the wall", f"{busy / wall:.2f}" if wall else "-",
+                 "device time / wall (profiled): well under 1, the host sets the pace"],
+                [LAUNCHES_ROW, f"{summary['count']:.0f}", "kernels the GPU ran (CUDA kernel events) / steps"],
+                ["host launch calls per step", f"{summary['launches']:.0f} kernel, {summary['graphs']:.1f} CUDA graph",
+                 f"{'/'.join(KERNEL_LAUNCHES[:3])}, ... and {'/'.join(GRAPH_LAUNCHES)} calls / steps "
+                 "(a graph's kernels run on one launch)"]]
+        share_head, time_head = SHARE_COLUMN, "µs per step"
+    else:
+        what = "CPU op (aten, self time; no GPU: not kernels)"
+        rows = [["steps recorded", str(steps), f"epoch {RECORDED_EPOCH} of {PROFILE_EPOCHS}"],
+                ["wall per step, ms (profiled)", f"{wall:.2f}", "train_seconds of the recorded epoch / steps"],
+                ["wall per step, ms (unprofiled)", f"{wall_plain:.2f}",
+                 f"train_seconds of epoch {PROFILE_EPOCHS} / steps"],
+                ["CPU op time per step, ms", f"{busy:.2f}", "self time of the aten ops, summed"],
+                [LAUNCHES_ROW, f"{summary['count']:.0f}",
+                 "on the CPU: aten op calls (CPU op events, no kernels) / steps"]]
+        share_head, time_head = SHARE_COLUMN + " (CPU: of the aten ops' time)", "µs per step (CPU self)"
+    rows.append(["how the trainer trained", how_it_trained(said) or "-", "its own log line"])
+    top = [[i + 1, f"`{name}`", f"{us:,.1f}", f"{share * 100:.1f} %", f"{calls:g}", variants]
+           for i, (name, us, share, calls, variants) in enumerate(summary["top"])]
+    shown = sum(share for _, _, share, _, _ in summary["top"])
+    return (f"{title}\n\n{note}\n\n" + table(["what", "value", "how"], rows) + "\n"
+            + table(["#", what, time_head, share_head, "calls per step", "variants"], top)
+            + f"\nThe {len(top)} listed: {shown * 100:.1f} % of the step's "
+            + ("device time" if cuda else "aten op time") + ".\n")
+
+
+def part_profile(device, sizes: Sizes, state: dict) -> str:
+    """One ViT-T/2 step (the paper's CIFAR recipe, as (b) builds the model, RandAugment and flips
+    on) and one digits-stack step (the default cell: 5 seeds of Imp.-3, as (d)), each the
+    trainer's own (train_models, the step its epoch loop calls), profiled over one epoch."""
+    from structinit.data.specs import get_spec
+    from structinit.data.tensors import stratified_subset
+    from structinit.pipeline.build import build_model
+    from structinit.training.steps import steps_per_epoch
+
+    cuda = device.type == "cuda"
+    activity = "CPU and CUDA activity" if cuda else "CPU activity alone: no GPU, so CPU ops, not kernels"
+    how = (f"`torch.profiler` ({activity})"
+           f" over one epoch of the trainer's own loop (`structinit.train_models`): {PROFILE_EPOCHS} epochs, epoch 1 "
+           f"compiles and captures (not profiled), 2 is the profiler's warm-up, {RECORDED_EPOCH} is recorded, "
+           f"{PROFILE_EPOCHS} runs unprofiled; the evaluation comes after the last, outside every figure. Per step: "
+           f"the recorded epoch / its steps. The {PROFILE_TOP} {'kernels' if cuda else 'ops'} with the most time, "
+           "names shortened (namespaces, template arguments and parameters dropped; a generic elementwise kernel "
+           "keeps its functor in brackets; `variants`: distinct full names under one short name).")
+    if not cuda:
+        how += " Tiny sizes on the CPU: this tests the part, it measures nothing."
+    out = [how + "\n"]
+    errors = []
+
+    # ViT-T/2 with the paper's CIFAR recipe
+    try:
+        _, model_cfg, train = load_recipe("cifar10", sizes)
+        spec = get_spec("cifar10")
+        batches = sizes.profile_batches or sizes.trainer_batches
+        data = synthetic_data(spec, batches * sizes.batch, sizes.batch)
+        cfg = train_config(train, epochs=PROFILE_EPOCHS, batch_size=sizes.batch, eval_every=PROFILE_EPOCHS,
+                           warmup_epochs=1, seed=0)
+        model = build_model(model_cfg, spec)
+        steps = steps_per_epoch(batches * sizes.batch, sizes.batch)
+        summary, histories, said = profiled_training(
+            lambda done: train_and_listen([model], data, [cfg], device, echo=False, on_epoch_end=done), steps, device)
+        state["profile_vit"] = summary
+        shape = ", ".join(f"{k} {v}" for k, v in model_cfg.items())
+        out.append(profile_body(
+            f"{PROFILE_HEADINGS['vit']}: 1 model, batch {sizes.batch}",
+            f"ViT ({shape}){', a toy (--tiny)' if sizes.model else ''}, synthetic CIFAR-shaped images, the recipe as "
+            f"it stands (RandAugment {train.get('randaugment')}, flips {train.get('hflip')}, amp as the trainer "
+            "decides).",
+            summary, histories[0], said, cuda))
+        log(f"(g) ViT-T/2: {summary['count']:.0f} {'kernels' if cuda else 'CPU ops'} per step, "
+            f"{summary['total_us'] / 1e3:.2f} ms {'device' if cuda else 'CPU op'} time per step")
+    except Exception as e:                 # one profile failing leaves the other
+        errors.append(f"{PROFILE_HEADINGS['vit']}\n\nerror: {one_line(e)}\n")
+        log(f"(g) ViT-T/2: {one_line(e)}")
+        if isinstance(e, PartTimeout):
+            raise
+    free_memory()
+
+    # the default digits cell's stack
+    try:
+        params, _, dtrain = load_recipe("digits", sizes)
+        seeds = params["grid"]["seeds"][:5]
+
+        def run(done):
+            # on the CPU, one chunk: the profiler records the calling thread's ops, not the chunks' threads
+            override = {"eval_every": PROFILE_EPOCHS, "batch_size": batch, **({} if cuda else {"cpu_chunks": 1})}
+            _, histories, _, _, said = digits_cell(params, seeds, PROFILE_EPOCHS, sizes.profile_digits_images,
+                                                   device, override=override, on_epoch_end=done)
+            return histories, said
+        data = digits_data()
+        n = len(stratified_subset(data.train_labels, params["data"]["train_size"], seed=params["data"]["subset_seed"]))
+        n = min(n, sizes.profile_digits_images or n)
+        batch = sizes.profile_digits_batch or dtrain["batch_size"]
+        steps = steps_per_epoch(n, batch)
+        summary, histories, said = profiled_training(run, steps, device)
+        state["profile_digits"] = summary
+        out.append(profile_body(
+            f"{PROFILE_HEADINGS['digits']}: {len(seeds)} seeds of Imp.-3, batch {batch}",
+            f"The default cell `train_impulse@digits-3` trains: seeds {seeds} stacked (as the trainer plans), "
+            f"{n:,} training images ({steps} step(s) an epoch), the recipe's augmentation"
+            + ("." if cuda else "; on the CPU in one chunk (the profiler sees the calling thread's ops alone)."),
+            summary, histories[0], said, cuda))
+        log(f"(g) digits stack: {summary['count']:.0f} {'kernels' if cuda else 'CPU ops'} per step, "
+            f"{summary['total_us'] / 1e3:.2f} ms {'device' if cuda else 'CPU op'} time per step")
+    except Exception as e:
+        errors.append(f"{PROFILE_HEADINGS['digits']}\n\nerror: {one_line(e)}\n")
+        log(f"(g) digits stack: {one_line(e)}")
+        if isinstance(e, PartTimeout):
+            raise
+    if errors and len(out) == 1:
+        raise RuntimeError("; ".join(e.split("error: ", 1)[1].strip() for e in errors))
+    return "\n".join(out + errors)
 
 
 def torchrun_job(tiny: bool) -> None:
@@ -708,17 +942,17 @@ def render(label: str, machine: list[list[str]], bodies: dict[str, str], command
     took = f" in {seconds:.0f} s" if seconds is not None else " (running: parts not yet run say so)"
     out = [f"# GPU probe: {label}\n", f"Written by `{command}`{took}. What each part measures and how: the "
            "docstring of benchmarks/gpu_probe.py.\n", SECTIONS["machine"] + "\n", table(["what", "value"], machine)]
-    for key in "abcdef":
+    for key in "abcdefg":
         out += [SECTIONS[key] + "\n", bodies.get(key, "not run yet\n")]
     return "\n".join(out)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", help="the file to write (default: benchmarks/gpu_probe_<card>.md)")
+    ap.add_argument("--out", help="the file to write (default: benchmarks/gpu_probe-<card>-<commit>.md)")
     ap.add_argument("--tiny", action="store_true", help="toy sizes on the CPU: tests the probe, measures nothing")
     ap.add_argument("--budget", type=float, help="seconds for the whole probe (default 360; tiny 240)")
-    ap.add_argument("--skip", nargs="*", default=[], choices=list("abcdef"), help="parts not to run")
+    ap.add_argument("--skip", nargs="*", default=[], choices=list("abcdefg"), help="parts not to run")
     ap.add_argument("--torchrun-job", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.torchrun_job:
@@ -731,10 +965,12 @@ def main():
         device = torch.device("cpu")       # toy sizes on a GPU would measure nothing either
     elif device.type != "cuda":
         sys.exit("gpu_probe: no GPU visible to torch; --tiny runs every part at toy sizes on the CPU")
-    slug = "tiny-cpu" if a.tiny else re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(device).lower()).strip("-")
-    out = Path(a.out) if a.out else REPO / "benchmarks" / f"gpu_probe_{slug}.md"
-    command = "python -m benchmarks.gpu_probe" + (" --tiny" if a.tiny else "") + (f" --out {a.out}" if a.out else "")
     machine, card, commit = machine_rows(device, a.tiny)
+    # a tiny file is no measurement: its default name (gpu_probe_<slug>) is outside the committed
+    # probe files' pattern (gpu_probe-<card>-<commit>)
+    slug = "tiny-cpu"
+    out = Path(a.out) if a.out else PROBES / (f"gpu_probe_{slug}.md" if a.tiny else probe_name(card, commit))
+    command = "python -m benchmarks.gpu_probe" + (" --tiny" if a.tiny else "") + (f" --out {a.out}" if a.out else "")
     label = TINY_LABEL if a.tiny else f"{card}, torch {torch.__version__}, project at {commit}"
     log(f"{label}; writing {out}; budget {budget:.0f} s")
     bodies, state = {}, {}
@@ -749,14 +985,21 @@ def main():
                "c": lambda limit: part_end_to_end(device, sizes, state),
                "d": lambda limit: part_digits(device, sizes, state),
                "e": lambda limit: part_torchrun(device, sizes, limit, a.tiny),
-               "f": lambda limit: part_same_bytes(device, sizes, state)}
+               "f": lambda limit: part_same_bytes(device, sizes, state),
+               "g": lambda limit: part_profile(device, sizes, state)}
     order = [k for k, _, _ in sizes.parts]
     for i, (key, _, cap) in enumerate(sizes.parts):
         if key in a.skip:
             bodies[key] = "skipped (--skip)\n"
             continue
-        reserve = sum(expected[k] for k in order[i + 1:] if k not in a.skip)
-        limit = min(cap, deadline - time.perf_counter() - reserve)
+        # the later parts' expectations are kept in reserve, but never at this part's cost: where
+        # the budget cannot hold them all, the least wanted (last) give their share up first, and
+        # are skipped when their turn finds too little left
+        later = [expected[k] for k in order[i + 1:] if k not in a.skip]
+        left = deadline - time.perf_counter()
+        while later and left - sum(later) < expected[key]:
+            later.pop()
+        limit = min(cap, left - sum(later))
         if limit < expected[key] / 2:
             bodies[key] = f"skipped: {limit:.0f} s of the {budget:.0f} s budget left for it\n"
             log(f"({key}) skipped: out of budget")
@@ -778,65 +1021,6 @@ def main():
     said = {"matmul": "bf16 matmul {:.3g} TFLOP/s", "rate": "the trainer end to end {:,.0f} img/s",
             "digits": "digits cell {:.1f} s", "same": "same bytes twice: {}"}
     log(f"wrote {out}: " + "; ".join(f.format(state[k]) for k, f in said.items() if k in state))
-
-
-# ---- reading a probe file (benchmarks/gpu_hours.py) ------------------------------------------
-
-class ProbeFileError(ValueError):
-    """A probe file that cannot price the grid: missing, a tiny run, or without the rate."""
-
-
-def number(cell: str) -> float | None:
-    """The first number in a cell ("5,032", "13.22 / 13.30"); None where there is none."""
-    m = re.search(r"-?\d[\d,]*(?:\.\d+)?", cell or "")
-    return float(m[0].replace(",", "")) if m else None
-
-
-def parse_tables(text: str) -> dict[str, list[dict]]:
-    """{section title: [row as {header: cell}]} for every table of the file."""
-    sections: dict[str, list[dict]] = {}
-    title, headers = "", None
-    for line in text.splitlines():
-        if line.startswith("## "):
-            title, headers = line.strip(), None
-        elif line.startswith("|"):
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if headers is None:
-                headers = cells
-            elif not set(line.replace("|", "").strip()) <= set("-: "):
-                sections.setdefault(title, []).append(dict(zip(headers, cells)))
-        else:
-            headers = None
-    return sections
-
-
-def read_probe(path: str | Path = COMMITTED) -> dict:
-    """What gpu_hours needs from a probe file: the card, the commit, torch, the ViT-T/2 rate
-    end to end (img/s of epoch 2), the TFLOP/s it is (counted FLOPs), and the memory figures
-    (None where not measured). ProbeFileError where the file cannot give a rate."""
-    path = Path(path)
-    if not path.exists():
-        raise ProbeFileError(f"{path}: no such probe file; run python -m benchmarks.gpu_probe on a GPU")
-    tables = parse_tables(path.read_text())
-
-    def value(section: str, what: str, column: str = "value") -> str | None:
-        return next((r.get(column) for r in tables.get(SECTIONS[section], []) if r.get("what") == what), None)
-
-    mode = value("machine", MODE_ROW) or ""
-    if mode.startswith("tiny"):
-        raise ProbeFileError(f"{path} is a {TINY_LABEL}: run python -m benchmarks.gpu_probe on a GPU")
-    rate = number(value("c", RATE_ROW))
-    if rate is None or rate <= 0:
-        raise ProbeFileError(f"{path} has no ViT-T/2 rate (the row '{RATE_ROW}' of '{SECTIONS['c']}'): "
-                             "run python -m benchmarks.gpu_probe on a GPU and price from its file")
-    stack = next((r for r in tables.get(SECTIONS["b"], []) if r.get("step", "").startswith(STACK_ROW)), {})
-    return {"card": (value("machine", CARD_ROW) or "an unnamed card").split(" (")[0],
-            "commit": (value("machine", COMMIT_ROW) or "unknown").split(" (")[0],
-            "torch": value("machine", "torch") or "unknown", "mode": mode, "rate": rate,
-            "gflop": number(value("b", FLOPS_ROW)), "peak_gib": number(value("c", PEAK_ROW)),
-            "estimate_gib": number(value("c", ESTIMATE_ROW)),
-            "stack_models": number(stack.get("models")), "stack_peak_gib": number(stack.get("peak GiB")),
-            "stack_one_by_one": "one after another" in stack.get("how", "")}
 
 
 if __name__ == "__main__":

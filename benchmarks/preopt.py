@@ -1,6 +1,6 @@
 """Pre-optimization speed and softness: the official solver vs the closed form.
 
-    python -m benchmarks.preopt [--repeats 3]
+    python -m benchmarks.preopt [--repeats 3] [--steps 10000]
 
 ViT-T/2 (16x16 grid, C=192, 3 heads, k=3): the official loop (10,000 Adam steps, no early
 stop) and the closed form at the official softness (softness law), same seed and so same
@@ -32,9 +32,11 @@ def solve(shape, **opts):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10_000,
+                    help="the official loop's Adam steps (10,000 as the paper's code; fewer: a smoke run)")
     a = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU")
-    cases = {"official loop, 10,000 steps": (VIT_T2_SOLVE, dict(solver="adam")),
+    cases = {f"official loop, {a.steps:,} steps": (VIT_T2_SOLVE, dict(solver="adam", steps=a.steps)),
              "closed form": (VIT_T2_SOLVE, dict(solver="closed_form"))}
     secs = {name: [] for name in cases}
     sols = {}

@@ -15,7 +15,8 @@ import argparse
 from pathlib import Path
 
 import torch
-import yaml
+
+from structinit.pipeline.load import load_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,7 +26,7 @@ def train_stack(seeds: list[int], epochs: int, data, train_indices) -> list[torc
     from structinit.pipeline.build import build_model
     from structinit.training.trainer import train_models
 
-    rec = yaml.safe_load((REPO / "params.yaml").read_text())["recipes"]["digits"]
+    rec = load_params(REPO / "params.yaml")["recipes"]["digits"]
     models = []
     for seed in seeds:
         models.append(build_model(rec["model"], data.spec))

@@ -13,7 +13,7 @@ repeats, the runs of one repeat interleaved so machine load hits all alike. The 
 grid's seeds, one cell's stack). On CPU the trainer splits each batch into one single-threaded
 chunk per core (cpu_chunks, "auto"); the row "stacked R, cpu_chunks=1" is the same stack with
 PyTorch's intra-op threads instead, so the two rows show what the chunks still buy;
---chunk-rows adds rows with other chunk counts (auto picks one: structinit/training/gradient_step.py). Runs
+--chunk-rows adds rows with other chunk counts (auto picks one: structinit/training/step.py). Runs
 unchanged on a GPU, where stacking packs several small models onto one device.
 """
 import argparse
@@ -21,11 +21,11 @@ import dataclasses
 import statistics
 
 import torch
-import yaml
 from tabulate import tabulate
 
 import structinit as si
 from structinit.pipeline.build import build_model
+from structinit.pipeline.load import load_params
 from structinit.training.reference import train_plain
 from structinit.training.trainer import train_models
 
@@ -59,7 +59,7 @@ def main():
     a = ap.parse_args()
     if a.ratio_models not in a.stacks:
         ap.error(f"--ratio-models {a.ratio_models} must be one of --stacks {a.stacks}")
-    rec = yaml.safe_load(open("params.yaml"))["recipes"][a.dataset]
+    rec = load_params()["recipes"][a.dataset]
     data = si.ImageData.load(a.data) if a.data else si.prepare_dataset(a.dataset)
     device = si.default_device()
     # eval_every past the end: the one evaluation after the last epoch is not timed.

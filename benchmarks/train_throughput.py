@@ -8,7 +8,7 @@ rand-m9-mstd0.5-inc1 by default, the paper's). The baseline is the usual loop: a
 DataLoader with worker processes, per-image torchvision/timm PIL transforms, an eager timm
 model and a `.item()` per step. Ours is `structinit.train_model`: data resident on the
 device, batched augmentation there, no host sync in the step loop, and on CPU each batch run
-as one single-threaded chunk per core with the gradients summed (structinit/training/gradient_step.py).
+as one single-threaded chunk per core with the gradients summed (structinit/training/step.py).
 Runs alternate, so machine load hits both alike; repeat r uses seed r. Two more rows split the
 gain: "ours, cpu_chunks=1" is our trainer with the step run as the baseline runs it (one
 chunk, intra-op threads), and "model step only" times that step alone (fwd, bwd, clip, AdamW
@@ -27,7 +27,6 @@ import statistics
 import time
 
 import torch
-import yaml
 from PIL import Image
 from tabulate import tabulate
 from timm.data.auto_augment import rand_augment_transform
@@ -35,9 +34,11 @@ from torchvision import transforms
 
 import structinit as si
 from structinit.pipeline.build import build_model
-from structinit.training.common import lr_at, param_groups
+from structinit.pipeline.load import load_params
+from structinit.training.common import compute_dtype, lr_at, param_groups
 from structinit.training.reference import plain_step
-from structinit.training.trainer import evaluate, BatchAugmentation
+from structinit.training.batches import BatchAugmentation
+from structinit.training.evaluation import evaluate
 
 
 class PILDataset(torch.utils.data.Dataset):
@@ -70,6 +71,7 @@ def baseline_train(model, data, cfg, device, workers):
                                          pin_memory=device.type == "cuda",
                                          generator=torch.Generator().manual_seed(cfg.seed))
     model.to(device).train()
+    dtype = compute_dtype(cfg, device)
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps)
     steps = len(loader)
     total, warm = steps * cfg.epochs, round(cfg.warmup_epochs * steps)
@@ -80,13 +82,13 @@ def baseline_train(model, data, cfg, device, workers):
             for g in opt.param_groups:
                 g["lr"] = lr_at(epoch * steps + i, total, warm, cfg)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            plain_step(model, opt, x, y, cfg, device).item()   # the usual per-step logging sync
+            plain_step(model, opt, x, y, cfg, device, dtype).item()   # the usual per-step logging sync
             seen += len(y)
         if device.type == "cuda":
             torch.cuda.synchronize()
         train_s += time.perf_counter() - t
     acc = evaluate(model, data.test_images.to(device), data.test_labels.to(device),
-                   augmentation=BatchAugmentation(data, cfg, device), cfg=cfg, device=device)["test_acc"]
+                   augmentation=BatchAugmentation(data, cfg, device), device=device, dtype=dtype)["test_acc"]
     return seen / train_s, acc
 
 
@@ -101,11 +103,12 @@ def model_step_only(model, data, cfg, device, steps):
     x = augmentation.normalize(data.train_images[:bs].to(device))
     y = data.train_labels[:bs].to(device)
     model.to(device).train()
+    dtype = compute_dtype(cfg, device)
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, eps=cfg.adam_eps,
                             fused=device.type in ("cuda", "cpu"))
 
     def step():
-        plain_step(model, opt, x, y, cfg, device)
+        plain_step(model, opt, x, y, cfg, device, dtype)
 
     for _ in range(3):
         step()                                           # warm-up: allocator, kernels
@@ -134,7 +137,7 @@ def main():
     ap.add_argument("--workers", type=int, default=2, help="baseline DataLoader workers")
     ap.add_argument("--randaugment", default="rand-m9-mstd0.5-inc1")
     a = ap.parse_args()
-    params = yaml.safe_load(open("params.yaml"))
+    params = load_params()
     rec = params["recipes"][a.dataset]
     data = si.ImageData.load(a.data) if a.data else si.prepare_dataset(a.dataset)
     device = si.default_device()

@@ -49,10 +49,10 @@ def child(epochs: int, data_path: str, params_path: str, amp: str = "auto", trai
     import structinit as si
     try:
         from structinit.pipeline.build import build_model
-        from structinit.training.trainer import autocast, train_models
+        from structinit.training.trainer import train_models
     except ModuleNotFoundError:
         from structinit.build import build_model
-        from structinit.trainer import autocast, train_models
+        from structinit.trainer import train_models
 
     rec = yaml.safe_load(Path(params_path).read_text())["recipes"]["digits"]
     data = si.ImageData.load(data_path)
@@ -60,8 +60,16 @@ def child(epochs: int, data_path: str, params_path: str, amp: str = "auto", trai
             for s in range(5)]
     device = si.default_device()
     probe = build_model(rec["model"], data.spec).to(device)
-    with autocast(cfgs[0], device):
-        bf16 = torch.is_autocast_enabled(device.type)
+    try:                      # the precision rule, where the contender has it on its own
+        from structinit.training.common import compute_dtype
+        bf16 = compute_dtype(cfgs[0], device) == "bf16"
+    except ImportError:
+        try:
+            from structinit.training.trainer import autocast
+        except ModuleNotFoundError:
+            from structinit.trainer import autocast
+        with autocast(cfgs[0], device):
+            bf16 = torch.is_autocast_enabled(device.type)
     dtype = torch.bfloat16 if bf16 else torch.float32
 
     def sync():

@@ -6,7 +6,8 @@ figures) are the `curves` stage's (stages/curves.py).
 import argparse
 from pathlib import Path
 
-from stages.common import load_params, run_stage, write_conclusions, write_json, write_text
+from stages.common import run_stage, write_conclusions, write_json, write_text
+from structinit.pipeline.load import load_params
 from structinit.reporting.main_report import main_reports
 
 
@@ -17,11 +18,12 @@ def main():
     ap.add_argument("--reference", default="results/reference", help="reference_solve records")
     ap.add_argument("--out", default="reports")
     ap.add_argument("--figures", default="reports/figures/main", help="the main figure, <dataset>.png")
-    ap.add_argument("--epoch-budgets", default="benchmarks/epochs.csv",
-                    help="the epoch benchmark's output, drawn beside the main figure where it has the dataset")
-    ap.add_argument("--replication", default="benchmarks/replication.json",
-                    help="the replication benchmark's primary contrasts, quoted in the headline where they "
-                         "replicated this run's")
+    ap.add_argument("--epoch-budgets", default="results/evidence/epoch_budget",
+                    help="the epoch_budget stage's folder, drawn beside the main figure where it has the dataset "
+                         "and is fresh")
+    ap.add_argument("--replication", default="results/evidence/replication",
+                    help="the replication stage's folder: its primary contrasts, quoted in the headline where "
+                         "they replicated this run's and are fresh")
     a = ap.parse_args()
     reports = main_reports(load_params(), Path(a.results), Path(a.preopt), Path(a.reference), Path(a.figures),
                            Path(a.epoch_budgets), Path(a.replication))

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from stages.common import add_variant_options, load_params, run_stage, seeds_at
+from stages.common import add_variant_options, run_stage
+from structinit.pipeline.load import load_params
 from structinit.analysis.model import analyze_model, test_batch
 from structinit.data.tensors import ImageData
 from structinit.errors import StructinitError
@@ -73,7 +74,7 @@ def on_device_images(a, params):
 def main(load_images=on_device_images):
     a, method, kernel = parse_args()
     params = load_params()
-    seeds = seeds_at(params, a.seeds_from)
+    seeds = params.seeds_at(a.seeds_from)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     spec, images = load_images(a, params)
     images = images.to(device)

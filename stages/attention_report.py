@@ -8,7 +8,8 @@ The report itself is structinit/reporting/attention_report.py's.
 import argparse
 from pathlib import Path
 
-from stages.common import load_params, run_stage, write_conclusions, write_text
+from stages.common import run_stage, write_conclusions, write_text
+from structinit.pipeline.load import load_params
 from structinit.reporting import stats
 from structinit.reporting.attention_report import attention_report
 
@@ -19,8 +20,8 @@ def main():
     ap.add_argument("--results", default="results/train", help="the trained cells (their logged dtype and CPU)")
     ap.add_argument("--out", default="reports/attention.md")
     ap.add_argument("--figures", default="reports/figures/attention")
-    ap.add_argument("--epoch-budgets", default="benchmarks/epochs.csv",
-                    help="the epoch benchmark's output: is the trained models' budget converged?")
+    ap.add_argument("--epoch-budgets", default="results/evidence/epoch_budget",
+                    help="the epoch_budget stage's folder: is the trained models' budget converged?")
     a = ap.parse_args()
     params = load_params()
     with stats.recording_conclusions() as conclusions:

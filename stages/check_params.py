@@ -8,7 +8,7 @@ the changed keys; the other stages read params.yaml as it is and never import th
 import argparse
 
 from stages.common import run_stage, write_text
-from structinit.pipeline.params import ParamsError, load_params
+from structinit.pipeline.params import ParamsError, check_params_file
 
 CHECKED = "params.yaml passed its schema (structinit/pipeline/params.py)\n"
 
@@ -18,7 +18,7 @@ def main():
     ap.add_argument("--out", required=True, help="a file every stage depends on; its bytes never change")
     a = ap.parse_args()
     try:
-        load_params()
+        check_params_file()
     except ParamsError as e:
         raise SystemExit(f"error: {e}") from None
     write_text(a.out, CHECKED)

@@ -1,7 +1,8 @@
-"""What every stage script shares: reading params.yaml, atomic writes, timing logs, and the
+"""What every stage script shares: atomic writes, timing logs, and the
 pipeline's process policy (what the library itself never does: exits, environment checks).
 
-Cell names and which cells params.yaml asks for: structinit/pipeline/cells.py.
+params.yaml is read by structinit/pipeline/load.py (load_params); cell names and which cells
+it asks for: structinit/pipeline/cells.py.
 
 Stages stay thin: parse arguments and params, call structinit, write outputs.
 """
@@ -13,8 +14,6 @@ import json
 import os
 import sys
 from pathlib import Path
-
-import yaml
 
 from structinit.errors import StructinitError
 from structinit.io import without_timings, write_atomic
@@ -108,35 +107,6 @@ def add_variant_options(parser) -> None:
     options used are params.yaml's (grid.variants), the one source."""
     parser.add_argument("--options", nargs=argparse.REMAINDER, default=[],
                         help="a grid.variants cell's options as DVC renders them (--alpha 0.5 ...), last")
-
-
-def load_params(path: str | Path = "params.yaml") -> dict:
-    """params.yaml as it is. The check_params stage, upstream of every stage, has checked it
-    against its schema (structinit/pipeline/params.py): a stage never imports the schema, so
-    editing a schema rule re-runs nothing but that check."""
-    return yaml.safe_load(Path(path).read_text())
-
-
-def recipe(params: dict, dataset: str) -> dict:
-    recipes = params["recipes"]
-    if dataset not in recipes:
-        raise SystemExit(f"no recipe for dataset {dataset!r} in params.yaml (recipes: {sorted(recipes)})")
-    return recipes[dataset]
-
-
-def seeds_at(params: dict, dotted: str) -> list[int]:
-    """The seed list at a dotted key of params.yaml, e.g. "grid.seeds" (a stage's --seeds-from)."""
-    node = params
-    for key in dotted.split("."):
-        if not isinstance(node, dict) or key not in node:
-            raise SystemExit(f"--seeds-from {dotted}: params.yaml has no key {key!r} there")
-        node = node[key]
-    if (not isinstance(node, list) or not node
-            or not all(isinstance(s, int) and not isinstance(s, bool) for s in node)):
-        raise SystemExit(f"{dotted}={node!r}: expected a non-empty list of integer seeds")
-    if len(set(node)) != len(node):
-        raise SystemExit(f"{dotted}={node!r}: a seed is listed twice")
-    return node
 
 
 def write_json(path: str | Path, obj) -> None:

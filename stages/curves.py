@@ -9,7 +9,8 @@ no stale rows and a missing run fails the stage, naming it. The CSV feeds `dvc p
 import argparse
 from pathlib import Path
 
-from stages.common import load_params, run_stage
+from stages.common import run_stage
+from structinit.pipeline.load import load_params
 from structinit.reporting import curves
 from structinit.pipeline.cells import main_runs
 from structinit.reporting.figures.curves import write_curves_figures

@@ -7,7 +7,8 @@ Datasets read from a local directory (ImageNet) have their own stage, download_s
 (stages/download_streamed.py), so this one never imports their code."""
 import argparse
 
-from stages.common import load_params, run_stage
+from stages.common import run_stage
+from structinit.pipeline.load import load_params
 from structinit.data.own import OwnDatasetError, load_own
 from structinit.data.specs import DATASETS
 from structinit.data.tensors import prepare_dataset
@@ -26,7 +27,7 @@ def main():
         data = load_own(a.dataset, a.source)
         # check_params compared the declaration with the files when params.yaml last changed;
         # the files may have changed since, and preoptimize reads the declared image size
-        declared = (load_params().get("own_datasets") or {}).get(a.dataset)
+        declared = load_params().own_datasets.get(a.dataset)
         if declared is None:
             raise OwnDatasetError(f"{a.dataset!r} is neither a built-in dataset {list(DATASETS)} nor in "
                                   "own_datasets of params.yaml")

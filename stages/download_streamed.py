@@ -6,7 +6,8 @@ hashes in place of ~150 GB of images. The path itself is not part of it, so movi
 retrains nothing."""
 import argparse
 
-from stages.common import load_params, run_stage
+from stages.common import run_stage
+from structinit.pipeline.load import load_params
 from structinit.data.imagenet import scan_imagenet
 from structinit.data.specs import get_spec
 from structinit.io import save_checked

@@ -2,7 +2,8 @@
 per seed of grid.seeds (<out>/seed<s>.pt, <record>/seed<s>.json)."""
 import argparse
 
-from stages.common import load_params, log_timings, recipe, run_stage, seeds_at, write_record
+from stages.common import log_timings, run_stage, write_record
+from structinit.pipeline.load import load_params
 from structinit.pipeline.cells import seed_dir
 from structinit.io import save_checked, without_timings
 from structinit.config import patch_grid_for
@@ -20,11 +21,11 @@ def main():
     ap.add_argument("--record", required=True, help="folder of solve records (seed<s>.json: fit, softness)")
     a = ap.parse_args()
     params = load_params()
-    model_cfg = recipe(params, a.dataset)["model"]
+    model_cfg = params.recipe(a.dataset).model
     # your own dataset's image size is declared in params.yaml (checked against its files)
-    own = (params.get("own_datasets") or {}).get(a.dataset)
+    own = params.own_datasets.get(a.dataset)
     image_size = own["image_size"] if own else get_spec(a.dataset).image_size
-    for seed in seeds_at(params, a.seeds_from):
+    for seed in params.seeds_at(a.seeds_from):
         sol = solve_impulse_qk(patch_grid_for(image_size, model_cfg["patch_size"]),
                                model_cfg["embed_dim"], model_cfg["num_heads"], model_cfg["depth"],
                                kernel=a.kernel, seed=seed, **impulse_options(params["solve"]))

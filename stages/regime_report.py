@@ -4,12 +4,13 @@ main grid's (structinit/reporting/regime_report.py).
     python -m stages.regime_report --dataset <dataset> --out reports/regime_<dataset>.md \
         --figure reports/figures/regime_<dataset>.png
 
-Off the default (studies.regime.datasets: []); benchmarks/regime.py runs the study in a copy.
+Off the default (studies.regime.datasets: []); the frozen `regime` stage (stages/regime.py) runs the study in a copy.
 """
 import argparse
 from pathlib import Path
 
-from stages.common import load_params, run_stage, write_conclusions, write_text
+from stages.common import run_stage, write_conclusions, write_text
+from structinit.pipeline.load import load_params
 from structinit.reporting import stats
 from structinit.reporting.regime_report import regime_report
 

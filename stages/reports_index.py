@@ -4,7 +4,8 @@
 import argparse
 from pathlib import Path
 
-from stages.common import load_params, run_stage, write_text
+from stages.common import run_stage, write_text
+from structinit.pipeline.load import load_params
 from structinit.reporting.index import build_index
 
 

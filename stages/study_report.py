@@ -8,7 +8,8 @@ The report itself is structinit/reporting/study_reports.py's (one function per s
 import argparse
 from pathlib import Path
 
-from stages.common import load_params, run_stage, write_conclusions, write_text
+from stages.common import run_stage, write_conclusions, write_text
+from structinit.pipeline.load import load_params
 from structinit.reporting import stats
 from structinit.reporting.budget import read_budget_finals
 from structinit.reporting.study_reports import STUDY_REPORTS
@@ -21,8 +22,8 @@ def main():
     ap.add_argument("--studies", default="results/studies")
     ap.add_argument("--out", required=True)
     ap.add_argument("--figures", help="data_size: the folder of its figures, <dataset>.png")
-    ap.add_argument("--epoch-budgets", default="benchmarks/epochs.csv",
-                    help="the epoch benchmark's output: is the study's budget converged?")
+    ap.add_argument("--epoch-budgets", default="results/evidence/epoch_budget",
+                    help="the epoch_budget stage's folder: is the study's budget converged?")
     a = ap.parse_args()
     if (a.study == "data_size") != bool(a.figures):
         ap.error("--figures FOLDER goes with the data_size study, and only with it")

@@ -20,19 +20,20 @@ from pathlib import Path
 
 from dvclive import Live
 
-from stages.common import (RESTART_VAR, add_variant_options, load_params, log_timings, recipe,
-                           refuse_cpu_for_gpu_recipe, requested_checkpoint_seconds, restart_requested, run_stage,
-                           seeds_at, write_record)
+from stages.common import (RESTART_VAR, add_variant_options, log_timings, refuse_cpu_for_gpu_recipe,
+                           requested_checkpoint_seconds, restart_requested, run_stage, write_record)
 from structinit.data.tensors import ImageData, stratified_subset
 from structinit.io import save_torch, without_timings
 from structinit.numerics import numerics_record, package_versions
 from structinit.pipeline.build import CellModel, build_cell_model
 from structinit.pipeline.cells import parse_init, run_name, seed_dir
+from structinit.pipeline.load import load_params
 from structinit.training.config import TrainConfig
 from structinit.distributed import DistributedContext, relaunch_under_torchrun, requested_micro_batch
 from structinit.training.steps import match_steps, steps_per_epoch, total_steps
-from structinit.training.common import code_fingerprint, default_device, precision_note
-from structinit.training.trainer import compute_dtype, train_models
+from structinit.training.checkpoint import code_fingerprint
+from structinit.training.common import compute_dtype, default_device, precision_note
+from structinit.training.trainer import train_models
 
 
 def parse_args():
@@ -117,15 +118,15 @@ def main(module: str = "stages.train", load_data=None, train_cell=None):
     params = load_params()
     # default_device: whether torch sees a GPU, without taking one (device() would set GPU 0 in
     # this process, which under torchrun only waits for its workers)
-    refuse_cpu_for_gpu_recipe(a.dataset, default_device().type, params.get("own_datasets") or {})
+    refuse_cpu_for_gpu_recipe(a.dataset, default_device().type, params.own_datasets)
     if (status := relaunch_under_torchrun(module, sys.argv[1:])) is not None:
         sys.exit(status)
     main_rank = DistributedContext.from_env().is_main
-    rec = recipe(params, a.dataset)
-    seeds = seeds_at(params, a.seeds_from)
+    rec = params.recipe(a.dataset)
+    seeds = params.seeds_at(a.seeds_from)
     spec, labels, data = (load_data or load_on_device)(a, params)
     subset = stratified_subset(labels, params["data"]["train_size"], seed=params["data"]["subset_seed"])
-    train, sizes = rec["train"], {}
+    train, sizes = rec.train, {}
     if a.train_fraction is not None:
         subset, train, sizes = data_size_cell(a, train, subset, labels, params["data"]["subset_seed"])
     cfgs = [TrainConfig(**train, seed=seed) for seed in seeds]
@@ -143,7 +144,8 @@ def main(module: str = "stages.train", load_data=None, train_cell=None):
     code = code_fingerprint()                 # after the build: the initializer's file is loaded too
     fingerprints = [cell_fingerprint(r, subset, code) for r in records]
     device = DistributedContext.from_env().device()      # the one the trainer will pick
-    # what the cell computed with: logged beside its params, shown in the reports' "What ran"
+    # what the cell computes in, decided once: the trainer is handed it, and it is logged
+    # beside the cell's params (the reports' "What ran")
     dtype = compute_dtype(cfgs[0], device, models[0])
     note = precision_note(cfgs[0], device, dtype)            # why fp32 on an older GPU
     ran_with = {"compute_dtype": dtype, "device": device.type, **({"precision_note": note} if note else {}),
@@ -167,7 +169,7 @@ def main(module: str = "stages.train", load_data=None, train_cell=None):
 
         histories = (train_cell or train_on_device)(a, list(models), params, data=data, cfgs=cfgs, subset=subset,
                                                     ckpt_dir=ckpt_dir, fingerprints=fingerprints, log=log,
-                                                    checkpoint_every_s=every_s)
+                                                    checkpoint_every_s=every_s, dtype=dtype)
         for live, history in zip(lives, histories):
             live.summary["best_test_acc"] = max(h["test_acc"] for h in history if "test_acc" in h)
             live.summary["final_test_acc"] = history[-1]["test_acc"]
@@ -195,13 +197,15 @@ def load_on_device(a, params):
     return data.spec, data.train_labels, data
 
 
-def train_on_device(a, models, params, *, data, cfgs, subset, ckpt_dir, fingerprints, log, checkpoint_every_s):
-    """Every seed at once, stacked, the data on the device (structinit/training/trainer.py)."""
+def train_on_device(a, models, params, *, data, cfgs, subset, ckpt_dir, fingerprints, log, checkpoint_every_s,
+                    dtype):
+    """Every seed at once, stacked, the data on the device (structinit/training/trainer.py), in
+    `dtype`: what the cell computes in, decided once by main()."""
     ctx = DistributedContext.from_env()
     ctx.start()
     histories = train_models(models, data, cfgs, train_indices=subset, checkpoint_path=ckpt_dir / "checkpoint.pt",
                              fingerprints=fingerprints, on_epoch_end=log, ctx=ctx,
-                             checkpoint_every_s=checkpoint_every_s, micro_batch=requested_micro_batch())
+                             checkpoint_every_s=checkpoint_every_s, micro_batch=requested_micro_batch(), dtype=dtype)
     ctx.stop()
     return histories
 

@@ -18,7 +18,8 @@ def load_manifest(a, params):
     return get_spec(a.dataset), manifest_labels(manifest), manifest
 
 
-def train_streamed_seeds(a, models, params, *, data, cfgs, subset, ckpt_dir, fingerprints, log, checkpoint_every_s):
+def train_streamed_seeds(a, models, params, *, data, cfgs, subset, ckpt_dir, fingerprints, log, checkpoint_every_s,
+                         dtype):
     """Each seed in turn (one model fills the devices), on every process of this torchrun.
     Checkpoints every epoch (an ImageNet epoch is long): checkpoint_every_s is not used."""
     ctx = DistributedContext.from_env()
@@ -29,7 +30,7 @@ def train_streamed_seeds(a, models, params, *, data, cfgs, subset, ckpt_dir, fin
         train_set, test_set = imagenet_datasets(root, data, cfg, cfg.seed, train_indices=subset)
         histories.append(train_streamed(
             model, train_set, test_set, cfg, ctx=ctx, fingerprint=fingerprints[i],
-            micro_batch=requested_micro_batch(),
+            micro_batch=requested_micro_batch(), dtype=dtype,
             checkpoint_path=seed_dir(ckpt_dir, cfg.seed).with_suffix(".pt"),
             on_epoch_end=lambda metrics, i=i: log(i, metrics)))
     ctx.stop()

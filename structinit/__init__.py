@@ -14,6 +14,7 @@ Where things are (one concern per folder):
     analysis/     attention maps, mean distance, CKA of a model
     reporting/    statistics, tables, figures, how each initializer is shown, the paper's numbers
     pipeline/     what the DVC stages share: params schema, cell names, a cell's model, verify
+    evidence/     the frozen stages' evidence (epoch budget, replication, regime, softness law), its freshness
     config.py     the structured init's option names (torch-free, read by the params schema)
     io.py         atomic writes, checksummed files
     distributed.py  torchrun / DDP: one cell on several processes (training and data sharding)
@@ -53,7 +54,7 @@ LAZY_EXPORTS: dict[str, str] = {
     "create_convmixer": "structinit.models",
     "create_vit": "structinit.models",
     "TrainConfig": "structinit.training.config",
-    "default_device": "structinit.training.trainer",
+    "default_device": "structinit.training.common",
     "train_model": "structinit.training.trainer",
     "train_models": "structinit.training.trainer",
 }
@@ -84,4 +85,5 @@ if TYPE_CHECKING:                               # what type checkers and IDEs re
                                  solve_impulse_qk)
     from structinit.models import FILTER_MODES, VIT_T2_CIFAR, create_convmixer, create_vit
     from structinit.training.config import TrainConfig
-    from structinit.training.trainer import default_device, train_model, train_models
+    from structinit.training.common import default_device
+    from structinit.training.trainer import train_model, train_models

@@ -1,9 +1,10 @@
-"""The epoch-budget criterion (structinit/reporting/budget.py) and the benchmark's report of it:
+"""The epoch-budget criterion (structinit/reporting/budget.py) and the evidence's report of it
+(structinit/evidence/epoch_budget.py, the epoch_budget stage):
 a budget is converged when doubling it moves no arm's mean final accuracy by more than 1 point."""
 import pandas as pd
 import pytest
 
-from benchmarks.epochs import report
+from structinit.evidence.epoch_budget import report
 from structinit.io import CorruptFileError
 from structinit.reporting.budget import (budget_finals, budget_sentence, budget_sentences, converged_budget,
                                          doubling_moves, read_budget_finals)
@@ -51,20 +52,31 @@ def test_the_sentence_each_report_prints():
     short = budget_sentence(finals, 80)
     assert "NOT converged" in short and "trunc_normal's mean by +7.50" in short and "impulse3 +1.50" in short
     assert "short of convergence" in budget_sentence(finals, 120)         # below the converged 160
-    assert "not one the epoch benchmark" in budget_sentence(finals, 640)
+    assert "not one the epoch evidence" in budget_sentence(finals, 640)
     unchecked = budget_sentence(finals[finals.budget < 320], 160)           # 160 ran, its double did not
-    assert "measured by the epoch benchmark" in unchecked and "not its double (320)" in unchecked
+    assert "measured by the epoch evidence" in unchecked and "not its double (320)" in unchecked
     assert budget_sentences({"digits": finals}, {"digits": 160}).startswith(" digits: Epoch budget 160: converged")
 
 
-def test_reading_the_benchmark_file(tmp_path):
-    path = tmp_path / "epochs.csv"
-    assert read_budget_finals(path, ["digits"]) == {}               # no file: nothing said
-    curves().to_csv(path, index=False)
-    assert set(read_budget_finals(path, ["digits", "cifar10"])) == {"digits"}
-    curves().drop(columns="dataset").to_csv(path, index=False)
+def test_reading_the_evidence_file(tmp_path):
+    """The epoch_budget stage's folder: its epochs.csv's datasets, each None while the evidence
+    has no record of the cells it was made from (tests/test_evidence.py: fresh and stale)."""
+    import json
+
+    from structinit.evidence import RECORD
+
+    folder = tmp_path / "epoch_budget"
+    assert read_budget_finals(folder, ["digits"]) == {}               # no file: nothing said
+    folder.mkdir()
+    curves().to_csv(folder / "epochs.csv", index=False)
+    assert read_budget_finals(folder, ["digits", "cifar10"], tmp_path) == {"digits": None}
+    (tmp_path / "cell").write_text("x")
+    (folder / RECORD).write_text(json.dumps({"inputs": {"cell": "9dd4e461268c8034f5c8564e155c67a6"}}))
+    assert set(read_budget_finals(folder, ["digits", "cifar10"], tmp_path)) == {"digits"}
+    assert read_budget_finals(folder, ["digits"], tmp_path)["digits"] is not None
+    curves().drop(columns="dataset").to_csv(folder / "epochs.csv", index=False)
     with pytest.raises(CorruptFileError, match="dataset, init, budget, seed, epoch, test_acc"):
-        read_budget_finals(path, ["digits"])
+        read_budget_finals(folder, ["digits"])
 
 
 def test_benchmark_report_names_the_converged_budget_and_keeps_its_table_narrow():
@@ -95,7 +107,7 @@ def test_benchmark_report_names_the_machine_of_each_budget():
 def test_pipeline_cells_checked_against_the_benchmarks_double(tmp_path):
     """The default's own cells (results/train) at their budget against the benchmark's double:
     the doubling measured on the pipeline's own machine, whatever CPU ran the benchmark's B."""
-    from benchmarks.epochs import pipeline_check
+    from structinit.evidence.epoch_budget import pipeline_check
 
     c = curves()
     assert pipeline_check(c, tmp_path, 1.0) == ""                        # no cells: nothing said
@@ -111,7 +123,7 @@ def test_pipeline_cells_checked_against_the_benchmarks_double(tmp_path):
 
 
 def test_the_primary_contrast_at_each_budget_and_its_move():
-    from benchmarks.epochs import primary_by_budget
+    from structinit.evidence.epoch_budget import primary_by_budget
 
     rows = primary_by_budget(budget_finals(curves()), "impulse3", "trunc_normal")
     # impulse3 - trunc_normal: +40.0 at 40, +7.0 at 80, +1.0 at 160, +0.8 at 320 (seeds share their offsets)
@@ -124,7 +136,7 @@ def test_the_primary_contrast_at_each_budget_and_its_move():
 
 
 def test_where_and_how_each_budget_ran_is_named():
-    from benchmarks.epochs import machines
+    from structinit.evidence.epoch_budget import machines
 
     c = curves()
     c["cpu"] = ["Intel" if b < 320 else "AMD" for b in c.budget]
@@ -137,13 +149,13 @@ def test_where_and_how_each_budget_ran_is_named():
 def test_a_budget_runs_each_arm_s_seeds_stacked_as_the_pipeline_s_cells(digits):
     """stacking "cell" trains one stacked run per arm (the pipeline's batched shapes), "all" one run
     of every arm and seed; rows name the dtype and the stacking. One tiny epoch on the digits."""
-    from benchmarks.epochs import run_budget
+    from structinit.evidence.epoch_budget import run_budget
 
     rec = {"model": {"patch_size": 2, "embed_dim": 16, "depth": 1, "num_heads": 2},
            "train": {"batch_size": 64, "lr": 1e-3, "weight_decay": 0.01, "adam_eps": 1e-3, "grad_clip": 3.0,
                      "label_smoothing": 0.1, "randaugment": None, "hflip": False, "amp": "off"}}
     calls = []
-    import benchmarks.epochs as bench
+    import structinit.evidence.epoch_budget as bench
 
     real = bench.train_models
     bench.train_models = lambda models, *a, **k: calls.append(len(models)) or real(models, *a, **k)
@@ -185,7 +197,7 @@ def test_the_pipeline_s_budget_read_from_its_cells(tmp_path):
     """--from-cells: the cells' runs become the file's rows at their budget (every epoch they
     evaluated, their CPU and dtype, source pipeline), replacing any trained there, and the report
     names them as the pipeline's own runs."""
-    from benchmarks.epochs import cells_curves, machines, pipeline_check, with_cells
+    from structinit.evidence.epoch_budget import cells_curves, machines, pipeline_check, with_cells
 
     c = curves()
     c["cpu"], c["dtype"], c["stacking"], c["source"] = "AMD, 2 threads", "bf16", "cell", "benchmark"
@@ -201,7 +213,7 @@ def test_the_pipeline_s_budget_read_from_its_cells(tmp_path):
                                    "2 threads, bf16, stacking cell, the pipeline's own runs (results/train)")
     # B came from the cells: the doubling table says what the cells-vs-2B sentence would; nothing more
     assert pipeline_check(both, cells, 1.0) == ""
-    from benchmarks.epochs import with_source
+    from structinit.evidence.epoch_budget import with_source
     older = with_source(curves().assign(source=None))                  # a file from before the column
     assert set(older.source) == {"benchmark"} and set(with_source(both).source) == {"benchmark", "pipeline"}
     assert set(with_source(curves()).source) == {"benchmark"}
@@ -212,7 +224,7 @@ def test_the_pipeline_s_budget_read_from_its_cells(tmp_path):
 def test_the_benchmark_at_the_pipeline_s_budget_compared_with_its_cells(tmp_path):
     """Trained here at the cells' budget: each run compared with its cell at every epoch both
     evaluated; identical runs say so, a run off by one test image says how far."""
-    from benchmarks.epochs import cells_curves, pipeline_check
+    from structinit.evidence.epoch_budget import cells_curves, pipeline_check
 
     cells = _cells(tmp_path, {("impulse3", s): 95.0 + s for s in range(5)})
     here = cells_curves(cells, ["impulse3"], list(range(5)))
@@ -246,7 +258,8 @@ def test_the_budget_panel_names_its_cpu():
 
 
 def _bench(tmp_path, *args):
-    """python -m benchmarks.epochs in tmp_path (a copy of params.yaml, cells in tmp_path/cells)."""
+    """python -m stages.epoch_budget in tmp_path (a copy of params.yaml, cells in tmp_path/cells,
+    its output folder tmp_path/e)."""
     import os
     import shutil
     import subprocess
@@ -257,27 +270,28 @@ def _bench(tmp_path, *args):
     shutil.copy(repo / "params.yaml", tmp_path / "params.yaml")
     # the repo first, and whatever PYTHONPATH already holds (where dependencies may come from)
     path = os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", "benchmarks.epochs", "--cells", str(tmp_path / "cells"),
+    return subprocess.run([sys.executable, "-m", "stages.epoch_budget", "--cells", str(tmp_path / "cells"),
                            "--out", str(tmp_path / "e"), *args], cwd=tmp_path, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": path}, timeout=300)
 
 
 def test_from_cells_refuses_a_budget_it_reads_and_a_mixed_file_before_training(tmp_path):
-    """--from-cells with the cells' own budget in --budgets, cells missing, an unknown arm, or
-    --add onto a file of other seeds: an error naming it, before anything trains."""
-    _cells(tmp_path / "cells", {(i, s): 90.0 for i in ("impulse3", "trunc_normal") for s in (0, 1, 2)})
+    """The cells' own budget in --budgets, cells missing (the grid's seeds 0-4, cells of 0-2), an
+    unknown arm: an error naming it, before anything trains. (The stage always writes every
+    budget, so the benchmark's --add, refused onto a file of other seeds, has no stage form.)"""
+    _cells(tmp_path / "cells", {(i, s): 90.0 for i in ("impulse3", "trunc_normal") for s in range(5)})
     arms = ["--inits", "impulse3", "trunc_normal"]
-    r = _bench(tmp_path, *arms, "--seeds", "0", "1", "2", "--budgets", "80", "160", "--from-cells")
+    r = _bench(tmp_path, *arms, "--budgets", "80", "160")
     assert r.returncode == 2 and "160 is the cells' budget" in r.stderr
-    r = _bench(tmp_path, *arms, "--budgets", "80", "--from-cells", "--seeds", "0", "1", "2", "3")
-    assert r.returncode == 2 and "lacks ['digits-impulse3/seed3', 'digits-trunc_normal/seed3']" in r.stderr
+    for s in (3, 4):
+        for i in ("impulse3", "trunc_normal"):
+            import shutil
+            shutil.rmtree(tmp_path / "cells" / f"digits-{i}" / f"seed{s}")
+    r = _bench(tmp_path, *arms, "--budgets", "80")
+    assert r.returncode == 2 and "lacks ['digits-impulse3/seed3', 'digits-impulse3/seed4'" in r.stderr
     r = _bench(tmp_path, "--budgets", "80", "--inits", "impulse7")
     assert r.returncode == 2 and "--inits ['impulse7']: not main-grid arms" in r.stderr
-    assert not (tmp_path / "e.csv").exists()
-    c = curves(means={i: MEANS[i] for i in ("impulse3", "trunc_normal")}).assign(cpu="AMD, 2 threads")
-    c.to_csv(tmp_path / "e.csv", index=False)                     # seeds 0-2; the default is the grid's 0-4
-    r = _bench(tmp_path, *arms, "--budgets", "640", "--add")
-    assert r.returncode == 2 and "holds seeds [0, 1, 2]" in r.stderr
+    assert not (tmp_path / "e").exists()
 
 
 def test_report_only_from_cells_writes_the_file_with_the_pipeline_s_budget(tmp_path):
@@ -286,23 +300,24 @@ def test_report_only_from_cells_writes_the_file_with_the_pipeline_s_budget(tmp_p
     and the report names them."""
     _cells(tmp_path / "cells", {(i, s): 90.0 + s for i in ("impulse3", "trunc_normal") for s in (0, 1, 2)})
     c = curves(means={i: MEANS[i] for i in ("impulse3", "trunc_normal")}).assign(cpu="AMD, 2 threads")
-    c.to_csv(tmp_path / "e.csv", index=False)
-    r = _bench(tmp_path, "--report-only", "--from-cells")
+    (tmp_path / "e").mkdir()
+    c.to_csv(tmp_path / "e/epochs.csv", index=False)
+    r = _bench(tmp_path, "--report-only")
     assert r.returncode == 0, r.stderr
-    out = pd.read_csv(tmp_path / "e.csv")
+    out = pd.read_csv(tmp_path / "e/epochs.csv")
     assert list(dict.fromkeys(out.budget)) == [40, 80, 160, 320]
     assert set(out[out.budget == 160].source) == {"pipeline"} and set(out[out.budget != 160].source) == {"benchmark"}
     assert budget_finals(out)[lambda f: f.budget == 160].test_acc.mean() == pytest.approx(91.0)
-    text = (tmp_path / "e.md").read_text()
+    text = (tmp_path / "e/epochs.md").read_text()
     assert "budget 160: AMD, 2 threads, bf16, stacking cell, the pipeline's own runs (results/train)" in text
-    r = _bench(tmp_path, "--report-only", "--from-cells", "--cells", str(tmp_path / "none"))
+    r = _bench(tmp_path, "--report-only", "--cells", str(tmp_path / "none"))
     assert r.returncode == 2 and "lacks" in r.stderr
 
 
 def test_moves_beyond_the_tolerance_are_given_paired_by_seed():
     """The arms whose doubling moves the mean by more than the tolerance, each with its move
     paired by seed (same seed, same initial model at both budgets) and a 95 % interval."""
-    from benchmarks.epochs import beyond_tolerance
+    from structinit.evidence.epoch_budget import beyond_tolerance
 
     rows = [{"init": i, "budget": b, "seed": s, "epoch": b, "test_acc": acc}
             for i, b, accs in [("impulse3", 160, [94.0, 95.0, 96.0]), ("impulse3", 320, [96.0, 96.5, 96.5]),

@@ -11,8 +11,7 @@ import structinit as si
 from conftest import small_vit
 from structinit.training.common import autocast
 from structinit.training.stacked import StackedModels, mean_cross_entropy
-from structinit.training import trainer
-from structinit.training.trainer import step_objective
+from structinit.training.step import GUARDED_CALLS, Objective
 
 CPU = torch.device("cpu")
 
@@ -23,10 +22,9 @@ def test_the_stacked_forward_and_loss_trace_without_a_graph_break(n_models):
     torch.manual_seed(0)
     stack = StackedModels([small_vit() for _ in range(n_models)]).train()
     assert stack.way == ("plain" if n_models == 1 else "batched")
-    cfg = si.TrainConfig(amp="bf16")
     x, y = torch.randn(n_models, 8, 1, 8, 8), torch.randint(0, 10, (n_models, 8))
     loss_fn = functools.partial(mean_cross_entropy, label_smoothing=0.1)
-    explanation = torch._dynamo.explain(stack.forward_and_loss)(x, y, loss_fn, functools.partial(autocast, cfg, CPU))
+    explanation = torch._dynamo.explain(stack.forward_and_loss)(x, y, loss_fn, functools.partial(autocast, CPU, "bf16"))
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert explanation.graph_count == 1
 
@@ -35,9 +33,9 @@ def test_compile_is_off_on_the_cpu_unless_asked(monkeypatch):
     stack = StackedModels([small_vit(), small_vit()])
     asked = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: asked.append(kw) or fn)
-    assert step_objective(stack, si.TrainConfig(), CPU)[1] == "" and asked == []
-    objective, how = step_objective(stack, si.TrainConfig(compile="on"), CPU)
-    assert how == "compiled (default mode)" and asked == [{"mode": None}]
+    assert Objective(stack, si.TrainConfig(), CPU, "fp32").how == "" and asked == []
+    assert Objective(stack, si.TrainConfig(compile="on"), CPU, "fp32").how == "compiled (default mode)"
+    assert asked == [{"mode": None}]
     with pytest.raises(ValueError, match="compile='yes'; choose one of"):
         si.TrainConfig(compile="yes")
 
@@ -85,7 +83,7 @@ def test_a_failing_compile_warns_once_and_trains_eager(monkeypatch, digits, caps
                         "(compile: off in the recipe skips the attempt)"], out
     assert len(history) == 2 and all(h["train_loss"] == h["train_loss"] for h in history)
     # the next cell of this process (a cell's seeds trained one after another) does not try again
-    assert step_objective(StackedModels([small_vit()]), cfg, CPU)[1] == \
+    assert Objective(StackedModels([small_vit()]), cfg, CPU, "fp32").how == \
         "eager (torch.compile failed earlier in this process)"
 
 
@@ -146,14 +144,14 @@ def test_a_failure_after_the_guarded_calls_is_raised(monkeypatch):
     def compiled(fn, **kw):
         def run(*a, **k):
             calls.append(1)
-            if len(calls) > trainer.GUARDED_CALLS:
+            if len(calls) > GUARDED_CALLS:
                 raise RuntimeError("an illegal memory access was encountered")
             return fn(*a, **k)
         return run
     monkeypatch.setattr(torch, "compile", compiled)
-    objective, _ = step_objective(stack, si.TrainConfig(compile="on", amp="off"), CPU)
+    objective = Objective(stack, si.TrainConfig(compile="on"), CPU, "fp32")
     x, y = torch.randn(1, 4, 1, 8, 8), torch.randint(0, 10, (1, 4))
-    for _ in range(trainer.GUARDED_CALLS):
+    for _ in range(GUARDED_CALLS):
         objective(stack, x, y)
     with pytest.raises(RuntimeError, match="illegal memory access"):
         objective(stack, x, y)

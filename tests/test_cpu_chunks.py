@@ -6,9 +6,9 @@ from timm.layers import DropPath
 
 import structinit as si
 from conftest import small_vit
-from structinit.training.gradient_step import ChunkedStep, WholeBatchStep, plan_cpu_chunks
+from structinit.training.batches import BatchAugmentation
+from structinit.training.step import ChunkedGradients, Objective, WholeBatchGradients, plan_cpu_chunks
 from structinit.training.stacked import StackedModels
-from structinit.training.trainer import BatchAugmentation, loss_and_grads
 
 CPU = torch.device("cpu")
 
@@ -28,12 +28,13 @@ def test_chunked_gradient_is_the_full_batch_gradient(digits):
     x, y = x.view(2, 60, *x.shape[1:]), y.view(2, 60)
     cfg = si.TrainConfig(label_smoothing=0.1, amp="off")   # fp32: compared to float noise
     stack = StackedModels(models)
-    full, losses, logits = loss_and_grads(stack, x, y, cfg, CPU)
+    objective = Objective(stack, cfg, CPU, "fp32")
+    full, losses, logits = objective(stack, x, y)
     assert "pos_embed" not in full                               # frozen: no gradient
-    with ChunkedStep(stack, 3, lambda s, xc, yc: loss_and_grads(s, xc, yc, cfg, CPU)) as chunked:
+    with ChunkedGradients(stack, 3, objective) as chunked:
         loss_sum, correct = chunked.collect(chunked.submit(x, y))
     torch.testing.assert_close(loss_sum, losses * 60, rtol=1e-5, atol=1e-5)
-    whole = WholeBatchStep(stack, lambda s, xc, yc: loss_and_grads(s, xc, yc, cfg, CPU))   # the same interface
+    whole = WholeBatchGradients(stack, objective)   # the same interface
     whole_sum, whole_correct = whole.collect(whole.submit(x, y))
     torch.testing.assert_close(whole_sum, loss_sum, rtol=1e-5, atol=1e-5)
     assert whole_correct.tolist() == correct.tolist()

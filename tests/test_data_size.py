@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from stages.common import load_params
+from structinit.pipeline.load import load_params
 from structinit.reporting.study_reports import data_size
 from stages.train import data_size_cell
 from structinit import stratified_subset

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from dvc.dependency.param import ParamsDependency
 
-from structinit.init.registry import SHIPPED
+from structinit.pipeline.initializers import SHIPPED
 from structinit.pipeline import dvc_yaml
 from structinit.pipeline.dvc_yaml import PACKAGES, import_closure, imported_modules
 from structinit.pipeline import cells
@@ -35,9 +35,17 @@ def stages():
     return resolved_stages()
 
 
+def test_the_pipeline_reads_nothing_under_benchmarks(stages):
+    """Every file a report quotes is a stage's output: no stage depends on benchmarks/ (hand-run
+    measurements), and no command names it."""
+    for name, stage in stages.items():
+        assert not [d.def_path for d in stage.deps if str(d.def_path).startswith("benchmarks")], name
+        assert "benchmarks" not in (stage.cmd or ""), name
+
+
 def is_code(dep: str) -> bool:
-    """A dep on project code: a .py file or a folder under stages/, structinit/, benchmarks/
-    (benchmarks/epochs.csv is data: the epoch benchmark's output)."""
+    """A dep on project code: a .py file or a folder under stages/, structinit/, benchmarks/, tools/
+    (results/evidence/<name> is data: a frozen evidence stage's output)."""
     dep = dep.rstrip("/")
     return dep.split("/")[0] in PACKAGES and (dep.endswith(".py") or "." not in Path(dep).name)
 
@@ -233,7 +241,7 @@ def write_code_deps(path: Path = REPO / "dvc.yaml") -> None:
             data = []
             while j < len(lines) and lines[j].startswith(indent + "- "):
                 if not is_code(lines[j].strip()[2:].split("#")[0].strip()):
-                    data.append(lines[j])          # data deps stay, benchmarks/epochs.csv included
+                    data.append(lines[j])          # data deps stay, results/evidence/* included
                 j += 1
             out += [f"{indent}- {d}" for d in code_deps(script)] + data
             i = j

@@ -1,6 +1,7 @@
-"""The committed epoch evidence (benchmarks/epochs.csv, .md) is what it says it is: one CPU,
-the pipeline's stacking and seeds, its 160-epoch row the pipeline's own cells, and the
-benchmark's trainer the pipeline's (benchmarks/epochs_cells_check.csv against results/train)."""
+"""The committed epoch evidence (the epoch_budget stage's results/evidence/epoch_budget/epochs.csv,
+.md) is what it says it is: one CPU, the pipeline's stacking and seeds, its 160-epoch row the
+pipeline's own cells, and the evidence's trainer the pipeline's (cells_check.csv against
+results/train). Whether the reports may quote it is tests/test_evidence.py's (its freshness)."""
 import subprocess
 from pathlib import Path
 
@@ -8,11 +9,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from benchmarks.epochs import PIPELINE, cells_curves, pipeline_check, report
+from structinit.evidence.epoch_budget import PIPELINE, cells_curves, pipeline_check, report
 from structinit.reporting.budget import budget_finals
 
 REPO = Path(__file__).resolve().parents[1]
 CELLS = REPO / "results/train"
+EPOCHS = "results/evidence/epoch_budget"
 PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
 
 
@@ -28,7 +30,7 @@ def committed_cells():
 
 @pytest.fixture(scope="module")
 def evidence() -> pd.DataFrame:
-    return pd.read_csv(REPO / "benchmarks/epochs.csv")
+    return pd.read_csv(REPO / EPOCHS / "epochs.csv")
 
 
 def made_at(report: str) -> str:
@@ -90,7 +92,7 @@ def test_every_budget_ran_on_the_committed_run_s_cpu_dtype_and_stacking(evidence
 
 
 def test_the_recipe_s_budget_is_the_pipeline_s_own_cells(evidence):
-    same_trainer_as_the_cells("benchmarks/epochs.md")        # and the epochs.csv it reports
+    same_trainer_as_the_cells(f"{EPOCHS}/epochs.md")        # and the epochs.csv it reports
     epochs = PARAMS["recipes"]["digits"]["train"]["epochs"]
     here = evidence[evidence.budget == epochs]
     assert set(here.source) == {PIPELINE} and set(evidence[evidence.budget != epochs].source) == {"benchmark"}
@@ -99,11 +101,11 @@ def test_the_recipe_s_budget_is_the_pipeline_s_own_cells(evidence):
     assert (merged._merge == "both").all() and (merged.test_acc == merged.test_acc_cells).all()
 
 
-def test_the_benchmark_trains_what_the_pipeline_trained():
-    """benchmarks/epochs_cells_check.csv: the benchmark at the recipe's budget, its runs equal to
+def test_the_evidence_trains_what_the_pipeline_trained():
+    """cells_check.csv: the evidence at the recipe's budget, its runs equal to
     the cells' at every epoch both evaluated (the same accuracies to the 3 decimals kept)."""
-    same_trainer_as_the_cells("benchmarks/epochs_cells_check.md")   # and its .csv
-    check = pd.read_csv(REPO / "benchmarks/epochs_cells_check.csv")
+    same_trainer_as_the_cells(f"{EPOCHS}/cells_check.md")   # and its .csv
+    check = pd.read_csv(REPO / EPOCHS / "cells_check.csv")
     assert set(check.source) == {"benchmark"}
     cells = cells_curves(CELLS, list(dict.fromkeys(check.init)), sorted(set(check.seed)))
     both = check.merge(cells, on=["init", "seed", "epoch"], suffixes=("", "_cells"))
@@ -112,17 +114,17 @@ def test_the_benchmark_trains_what_the_pipeline_trained():
     assert (both.test_acc == both.test_acc_cells).all() and (both.test_loss == both.test_loss_cells).all()
     said = f"{runs} of {runs} runs identical in test accuracy and test loss (to the bit)"
     assert said in pipeline_check(check, CELLS, 1.0)
-    assert said in without_label((REPO / "benchmarks/epochs_cells_check.md").read_text())
+    assert said in without_label((REPO / EPOCHS / "cells_check.md").read_text())
 
 
 def test_the_committed_report_is_generated_from_the_committed_file(evidence):
-    same_trainer_as_the_cells("benchmarks/epochs.md")      # its check against the cells is that trainer's
+    same_trainer_as_the_cells(f"{EPOCHS}/epochs.md")      # its check against the cells is that trainer's
     params = PARAMS
     primary = tuple(x.strip().replace("ours", f"impulse{params['init']['kernel']}")
                     for x in params["contrasts"]["primary"].split(" vs "))
     text = report(evidence, 1.0, sorted(set(evidence.seed)), False, "unused",
                   pipeline_check(evidence, CELLS, 1.0), primary)
-    assert text == without_label((REPO / "benchmarks/epochs.md").read_text())
+    assert text == without_label((REPO / EPOCHS / "epochs.md").read_text())
 
 
 def test_each_evidence_file_names_the_commit_that_made_it():
@@ -130,7 +132,7 @@ def test_each_evidence_file_names_the_commit_that_made_it():
                              text=True).stdout.strip() == "true"
     if shallow:
         pytest.skip("a shallow clone has not the commits the labels name")
-    for path in ("benchmarks/epochs.md", "benchmarks/epochs_cells_check.md", "benchmarks/replication.md",
-                 "benchmarks/regime.md"):
+    for path in (f"{EPOCHS}/epochs.md", f"{EPOCHS}/cells_check.md", "results/evidence/replication/replication.md",
+                 "results/evidence/regime/regime.md"):
         commit = made_at(path)
         assert subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=REPO).returncode == 0, commit

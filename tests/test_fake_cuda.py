@@ -27,10 +27,13 @@ from structinit.data.specs import get_spec
 from structinit.data.tensors import ImageData
 from structinit.distributed import DistributedContext
 from structinit.pipeline.build import build_model
-from structinit.pipeline.params import load_params
+from structinit.pipeline.load import load_params
 from structinit.training import trainer
-from structinit.training.gradient_step import plan_gradient_step
+from structinit.training.batches import BatchAugmentation, EpochBatches
+from structinit.training.checkpoint import stacked_adamw
+from structinit.training.evaluation import evaluation_sums
 from structinit.training.memory import estimate_training_memory
+from structinit.training.step import Objective, plan_gradients
 from structinit.training.stacked import StackedModels
 
 CUDA = torch.device("cuda", 0)
@@ -46,10 +49,16 @@ class HostDeviceCopies(TorchDispatchMode):
         self.copies = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
         if name == "_local_scalar_dense":                  # .item(), float(), .tolist(), bool(t)
-            self.copies.append(f"{name} (device -> host read)")
+            self.copies.append(f"{name} (device -> host read)")   # before: a fake tensor cannot answer
+        out = func(*args, **(kwargs or {}))
+        if name in ("lift_fresh", "lift_fresh_copy") and isinstance(out, torch.Tensor) and out.device.type != "cpu":
+            # torch.tensor(data, device=cuda) where torch sees a GPU: the constructor copies the
+            # data to the device beneath the dispatcher, so only the lift of the device tensor
+            # shows. (Without a GPU, FakeTensorMode builds it on the host and moves it with a
+            # dispatched _to_copy instead: counted below.)
+            self.copies.append(f"{name} ['{out.device.type}'] (host data -> device)")
         elif name in ("_to_copy", "copy_", "copy"):
             devices = {t.device.type for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)}
             if len(devices) > 1:
@@ -137,7 +146,7 @@ def synthetic(name: str, n: int, mode: FakeTensorMode) -> ImageData:
 
 @pytest.mark.parametrize("recipe, n_models", [("digits", 2), ("cifar10", 1), ("cifar10", 2)])
 def test_a_training_step_and_the_evaluation_run_on_cuda_with_no_host_copies(mode, recipe, n_models):
-    """The on-device trainer's epoch loop (_epoch_steps: the batches gathered, augmented with
+    """The on-device trainer's epoch loop (epoch_steps: the batches gathered, augmented with
     the recipe's RandAugment and flips, each model's draws from its own generator put side by
     side, forward, loss, clip, fused AdamW; the eager forward, as on the CPU or with compile
     off) and its evaluation, on fake CUDA tensors: no device mismatch, and not one
@@ -164,31 +173,60 @@ def test_a_training_step_and_the_evaluation_run_on_cuda_with_no_host_copies(mode
         dtype = "bf16"
         stack = StackedModels(models).train()              # built from CUDA models: on CUDA
         stack.choose_attention(CUDA, dtype)
-        augmentation = trainer.BatchAugmentation(data, cfg, CUDA)
-        opt = trainer._stacked_adamw(stack, [None] * n_models, cfg, CUDA)
-        step, _ = plan_gradient_step(cfg.cpu_chunks, stack, CUDA, 8,
-                                     lambda s, x, y: trainer.loss_and_grads(s, x, y, cfg, CUDA))
+        augmentation = BatchAugmentation(data, cfg, CUDA)
+        opt = stacked_adamw(stack, [None] * n_models, cfg, CUDA)
+        gradients, _ = plan_gradients(cfg.cpu_chunks, stack, CUDA, 8, Objective(stack, cfg, CUDA, dtype))
         gens = [torch.Generator().manual_seed(s) for s in range(n_models)]   # a CPU generator stands in
         with zero_gradients(), HostDeviceCopies() as copies:
-            sums = trainer._epoch_steps(stack, opt, step, data.train_images, data.train_labels, augmentation,
-                                        gens, [c.seed for c in cfgs], 0, cfg=cfg, batch_size=8, device=CUDA,
-                                        ctx=DistributedContext(), progress=False, steps=1)
+            batches = EpochBatches(data.train_images, data.train_labels, augmentation, gens, 8, DistributedContext(),
+                                   steps=1)
+            sums = trainer.epoch_steps(stack, opt, gradients, batches, [c.seed for c in cfgs], 0, cfg=cfg,
+                                       device=CUDA, ctx=DistributedContext(), progress=False)
         assert copies.copies == [], copies.copies
         assert {t.device for t in sums.values()} == {CUDA}
         assert next(iter(opt.state.values()))["exp_avg"].device == CUDA       # the step ran
         with HostDeviceCopies() as copies:
-            loss_sum, correct = trainer._evaluation_sums(stack, data.test_images, data.test_labels,
-                                                         augmentation=augmentation, cfg=cfg, device=CUDA)
+            loss_sum, correct = evaluation_sums(stack, data.test_images, data.test_labels,
+                                                augmentation=augmentation, device=CUDA, dtype=dtype)
         assert copies.copies == [], copies.copies
         assert loss_sum.shape == correct.shape == (n_models,) and loss_sum.device == CUDA
 
 
 def test_the_copy_counter_sees_a_copy_from_the_host(mode):
-    """The counter above is not blind: a tensor built from a list on the device is a copy."""
-    with mode, HostDeviceCopies() as copies:
+    """The counter above is not blind: a tensor built from a list on the device, a host tensor
+    moved there and a read of a device value are each counted once, on a machine with or
+    without a GPU. The constructor's copy reaches a dispatch mode by a different op on each:
+    without a GPU FakeTensorMode builds the tensor on the host and moves it (_to_copy); with
+    one, torch copies beneath the dispatcher and only lift_fresh of the device tensor shows
+    (the counter missed that, and this test failed, on the first CUDA machine)."""
+    with mode:
         x = torch.empty(4, device=CUDA)
-        x * torch.tensor([1.0, 2.0, 3.0, 4.0], device=CUDA)
-    assert any("_to_copy" in c for c in copies.copies), copies.copies
+        host = torch.ones(4)
+    for copy in (lambda: torch.tensor([1.0, 2.0, 3.0, 4.0], device=CUDA),
+                 lambda: host.to(CUDA),
+                 lambda: x.sum().item()):
+        with mode, HostDeviceCopies() as copies:
+            try:
+                copy()
+            except Exception:       # .item() of a fake tensor has no value to give: it was still asked
+                pass
+        assert len(copies.copies) == 1, copies.copies
+
+
+def test_the_copy_counter_counts_the_lift_of_a_device_tensor(mode):
+    """What a CUDA machine's torch.tensor(data, device=cuda) dispatches (the copy below the
+    dispatcher, then lift_fresh of the device tensor) is counted: the counter is not blind
+    there either. Called directly, since a CPU-only machine's constructor takes the other path."""
+    with mode:
+        on_device = torch.empty(4, device=CUDA)
+        with HostDeviceCopies() as copies:
+            torch.ops.aten.lift_fresh(on_device)
+    assert copies.copies == ["lift_fresh ['cuda'] (host data -> device)"], copies.copies
+    with mode:
+        on_host = torch.empty(4)
+        with HostDeviceCopies() as copies:
+            torch.ops.aten.lift_fresh(on_host)          # a host tensor lifted: no copy
+    assert copies.copies == [], copies.copies
 
 
 def test_the_memory_estimate_of_models_on_cuda(mode):

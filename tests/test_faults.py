@@ -206,12 +206,12 @@ KILLED_MID_WRITE = """
 import hashlib, os, sys
 import torch
 import structinit as si
-import structinit.training.trainer as train_module
+import structinit.training.checkpoint as checkpoint_module
 from structinit.data.tensors import prepare_dataset
 from structinit.models import create_vit
 
 ckpt, die_at = sys.argv[1], int(sys.argv[2])
-real_save = train_module.save_checked
+real_save = checkpoint_module.save_checked
 
 def save_then_die(path, state):
     # the kill lands inside the write of epoch `die_at`: seed 0's state is serialized, seed 1's
@@ -222,7 +222,7 @@ def save_then_die(path, state):
         os._exit(137)
     real_save(path, state)
 
-train_module.save_checked = save_then_die
+checkpoint_module.save_checked = save_then_die
 cfgs = [si.TrainConfig(epochs=3, batch_size=64, warmup_epochs=1, randaugment=None, hflip=False, seed=s)
         for s in (0, 1)]
 models = []

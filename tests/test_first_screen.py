@@ -2,15 +2,17 @@
 generated into it or checked here against the file it comes from.
 
 - At most 12 KB; its first 40 lines hold the two commands, the CPU time, a GPU figure with its
-  card, the plain sentence (generated: benchmarks/readme_answer.md, quoted in an include block)
+  card, the plain sentence (generated: docs/includes/readme_answer.md, quoted in an include block)
   and its table.
 - "ours" means nothing in the README: the paper's method is "Imp.-3 (the structured init)", this
   rebuild's column "this rebuild" (the generated reports/headline.md, which says "ours", is
   quoted in docs/reports.md, where its labels are explained).
-- The generated answer is what its sources make it (python -m benchmarks.readme_answer --write),
+- The generated answer is what its sources make it (python -m tools.readme_answer --write),
   and so are the include blocks of the docs pages structinit/reporting/readme.py does not cover.
 - Every number in the README outside its include blocks is either a checked phrase below (the
-  phrase is in the README and agrees with its file) or a name or parameter (ALLOWED).
+  phrase is in the README and agrees with its file) or a name or parameter (ALLOWED). The
+  default's time on a GPU is one: tools/probe_file.py's readme_gpu_default, built from the GPU
+  fresh-clone files (benchmarks/fresh_repro-<card>-<commit>.md), or saying none exists.
 - A licence and a citation file exist and cite the paper.
 """
 import re
@@ -19,7 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks import quick, readme_answer
+from tools import quick, readme_answer
+from tools.probe_file import PRICED, read_probe, readme_gpu_default
 from structinit.reporting import readme
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,8 +39,27 @@ def fresh_repro_minutes() -> float:
 
 
 def gpu_hours_row(block: str) -> list[str]:
-    line = next(line for line in text("benchmarks/gpu_hours.md").splitlines() if line.startswith(f"| {block} "))
+    line = next(line for line in text("docs/includes/gpu_hours.md").splitlines() if line.startswith(f"| {block} "))
     return [c.strip() for c in line.strip("|").split("|")]
+
+
+# The GPU figures the README states come from the priced probe file (tools/probe_file.py's PRICED)
+# and from the table gpu_hours writes from it (docs/includes/gpu_hours.md, which
+# tests/test_gpu_hours.py holds to the file): each phrase below is built from them, none typed.
+PROBE = read_probe(PRICED)
+PROBE_PATH = PRICED.relative_to(REPO).as_posix()
+CARD = PROBE["card"].removeprefix("NVIDIA ").split()[0]          # "NVIDIA H200" -> "H200"
+
+
+def gpu_hours_figure(pattern: str) -> str:
+    """The first group of `pattern` in docs/includes/gpu_hours.md ("?" where it is not there)."""
+    m = re.search(pattern, text("docs/includes/gpu_hours.md"))
+    return m[1] if m else "?"
+
+
+GRID_HOURS = gpu_hours_figure(r"GPU-hours in all: \*\*(\d+)\*\* on ")
+IMAGENET_HOURS = gpu_hours_row("main table, ViT-T/16")[-1]
+SIXTH_ARM_HOURS = gpu_hours_figure(r"Mimetic Q/K only \(`mimetic_qk`[^\n]*?\*\*(\d+)\*\* GPU-hours more")
 
 
 def committed_curve_start(init: str) -> float:
@@ -52,18 +74,30 @@ def committed_curve_start(init: str) -> float:
 CHECKED = {
     # the README states the committed run's minutes, whatever they are: the phrase is built from its file
     f"{round(fresh_repro_minutes())} minutes": lambda: True,
+    # the default on a GPU: the newest complete benchmarks/fresh_repro-<card>-<commit>.md's minutes,
+    # card and file, or, until a GPU has run benchmarks.gpu_session, a sentence saying it was not timed
+    readme_gpu_default(): lambda: True,
     "2 CPU cores": lambda: "2 CPU cores" in text("benchmarks/fresh_repro.md"),
     # fresh_repro.md names the CPU by its family and model: AMD family 25 model 17 is Zen 4
     "2-core AMD EPYC (Zen 4, bf16)": lambda: all(s in text("benchmarks/fresh_repro.md") for s in (
         "AMD EPYC (cpu family 25, model 17), 2 CPU cores", "native bf16 yes")),
-    "NVIDIA H100 80GB HBM3": lambda: "on one NVIDIA H100 80GB HBM3" in text("benchmarks/gpu_hours.md"),
-    "5,032 img/s": lambda: "**5,032 img/s**" in text("benchmarks/gpu_hours.md"),
-    "4380d9d": lambda: "project at 4380d9d" in text("benchmarks/gpu_hours.md")
-    and "measured by an equivalent script" in text("benchmarks/gpu_hours.md"),
-    "3388 H100-hours": lambda: "GPU-hours in all: **3388** on NVIDIA H100" in text("benchmarks/gpu_hours.md"),
-    "3203 of them ImageNet's": lambda: gpu_hours_row("main table, ViT-T/16")[1] == "imagenet"
-    and gpu_hours_row("main table, ViT-T/16")[-1] == "3203",
-    "1,000 decoded": lambda: "assumed: JPEG decoding, 1,000 img/s" in text("benchmarks/gpu_hours.md"),
+    # the card, its rate, the commit and torch, and the file they are read from: the priced probe's
+    f"one {PROBE['card']} trained": lambda: f"on one {PROBE['card']}, priced from `{PROBE_PATH}`"
+    in text("docs/includes/gpu_hours.md") and text(PROBE_PATH).startswith(f"# GPU probe: {PROBE['card']}, "),
+    f"{PROBE['rate']:,.0f} img/s": lambda: f"**{PROBE['rate']:,.0f} img/s**" in text("docs/includes/gpu_hours.md"),
+    f"`python -m benchmarks.gpu_probe` at {PROBE['commit']}, torch {PROBE['torch']}": lambda: PROBE["mode"] == "full"
+    and f"project at {PROBE['commit']}, torch {PROBE['torch']}; measured by `python -m benchmarks.gpu_probe`"
+    in text("docs/includes/gpu_hours.md"),
+    f"`{PROBE_PATH}`": lambda: f"priced from `{PROBE_PATH}`" in text("docs/includes/gpu_hours.md"),
+    # the paper's grid (its five initializers), ImageNet's share, and the sixth arm on its own line
+    f"{GRID_HOURS} {CARD}-hours": lambda: all(s in text("docs/includes/gpu_hours.md") for s in (
+        "main table: 5 initializers (the paper's",
+        f"GPU-hours in all: **{GRID_HOURS}** on {PROBE['card']}s (the paper's grid)")),
+    f"{IMAGENET_HOURS} of them ImageNet's": lambda: gpu_hours_row("main table, ViT-T/16")[1] == "imagenet"
+    and IMAGENET_HOURS.isdigit(),
+    f"Mimetic Q/K only, adds {SIXTH_ARM_HOURS}": lambda: SIXTH_ARM_HOURS.isdigit()
+    and gpu_hours_row("Mimetic Q/K only, beyond the paper")[-1] == SIXTH_ARM_HOURS,
+    "1,000 decoded": lambda: "assumed: JPEG decoding, 1,000 img/s" in text("docs/includes/gpu_hours.md"),
     "30 epochs": lambda: quick.EPOCHS == 30,
     "2 seeds": lambda: len(quick.SEEDS) == 2,
     "seeds 0 and 1": lambda: quick.SEEDS == [0, 1],
@@ -71,7 +105,7 @@ CHECKED = {
     "instead of 160": lambda: yaml.safe_load(text("params.yaml"))["recipes"]["digits"]["train"]["epochs"] == 160,
     "0.08–0.12": lambda: all(8 <= committed_curve_start(i) <= 12 for i in ("impulse3", "trunc_normal")),
     "compute capability 8.0": lambda: ">= (8, 0)" in text("structinit/training/common.py"),
-    "under 1 TFLOP": lambda: "FILLS_A_GPU_FLOPS = 1e12" in text("structinit/training/trainer.py"),
+    "under 1 TFLOP": lambda: "FILLS_A_GPU_FLOPS = 1e12" in text("structinit/training/memory.py"),
     "1.00–1.25×": lambda: "peak <= estimate" in text("tests/test_memory.py")
     and "estimate <= 1.25 * peak" in text("tests/test_memory.py"),
     "Python ≥ 3.11": lambda: "Python >= 3.11" in text("run.sh"),
@@ -80,7 +114,7 @@ CHECKED = {
 # names and parameters, not measurements (a command's parameters are checked by
 # tests/test_readme_commands.py and tests/test_docs_commands_plan.py)
 ALLOWED = {
-    "8x8", "ViT-T/2", "H100", "bf16", "fp32", "MD5", "ImageNet-1K", "Apache-2.0",
+    "8x8", "ViT-T/2", "bf16", "fp32", "MD5", "ImageNet-1K", "Apache-2.0",
     "STRUCTINIT_NPROC=2", "init.kernel=5", "grid.seeds=[0,1,2,3,4,5", "grid.datasets=[digits,cifar10,cifar100,svhn",
     "si.create_vit(img_size=32", "patch_size=2", "embed_dim=192", "depth=12", "num_heads=3", "num_classes=10",
     "kernel=3", "seed=0",
@@ -103,13 +137,13 @@ def test_the_readme_is_at_most_12_kb():
 def test_the_first_screen_holds_the_commands_the_times_a_gpu_figure_and_the_answer():
     assert "./run.sh repro" in FIRST_SCREEN and "./run.sh test" in FIRST_SCREEN
     assert f"{round(fresh_repro_minutes())} minutes on 2 CPU cores" in FIRST_SCREEN
-    assert "5,032 img/s" in FIRST_SCREEN and "NVIDIA H100 80GB HBM3" in FIRST_SCREEN
-    assert "measured" in FIRST_SCREEN and "benchmarks/gpu_probe.md" in FIRST_SCREEN
+    assert f"{PROBE['rate']:,.0f} img/s" in FIRST_SCREEN and PROBE["card"] in FIRST_SCREEN
+    assert "measured" in FIRST_SCREEN and PROBE_PATH in FIRST_SCREEN
     answer = text(readme_answer.OUT)
     sentence = next(line for line in answer.splitlines() if line.startswith("On "))
     assert sentence in FIRST_SCREEN
     assert "| Method" in FIRST_SCREEN and "this rebuild" in FIRST_SCREEN    # then the table
-    assert "benchmarks/readme_answer.md" in [p for p, _ in readme.includes(README)]
+    assert "docs/includes/readme_answer.md" in [p for p, _ in readme.includes(README)]
 
 
 def test_the_sentence_says_what_changes_early_and_at_the_end_with_intervals():
@@ -125,7 +159,7 @@ def test_ours_means_nothing_in_the_readme():
 
 def test_the_generated_answer_and_the_other_pages_blocks_are_fresh():
     stale = readme_answer.stale(REPO)
-    assert not stale, f"run: python -m benchmarks.readme_answer --write ({stale})"
+    assert not stale, f"run: python -m tools.readme_answer --write ({stale})"
 
 
 @pytest.mark.parametrize("phrase", CHECKED)

@@ -1,6 +1,8 @@
-"""benchmarks/gpu_hours.py counts the FLOPs of one training step and prices the grid at the rate
-the committed probe file (benchmarks/gpu_probe.md) measured; these check its counts against
-closed forms derived by hand from the architectures, and that the rate is the file's.
+"""tools/gpu_hours.py counts the FLOPs of one training step and prices the paper's grid at the
+rate the priced probe file (tools/probe_file.py's PRICED, a GPU's own run of benchmarks/gpu_probe.py)
+measured; these check its counts against closed forms derived by hand from the architectures,
+that the rate is the file's, and that the main table is the paper's five initializers with the
+project's sixth arm on a line of its own.
 
 What the closed forms include: every matrix product and convolution, forward and backward,
 at 2 FLOPs per multiply-add. Their backward costs the forward's multiply-adds once per
@@ -19,11 +21,11 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import structinit as si
-from benchmarks import gpu_hours
-from benchmarks.gpu_hours import conv_backward_flops, count_train_flops
-from benchmarks.gpu_probe import RATE_ROW, read_probe
+from tools import gpu_hours
+from tools.gpu_hours import conv_backward_flops, count_train_flops
+from tools.probe_file import PRICED, RATE_ROW, read_probe
 from structinit.config import FILTER_MODES
-from structinit.pipeline.params import load_params
+from structinit.pipeline.load import load_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,11 +89,12 @@ def test_grouped_conv_step_is_three_forwards(groups, transposed):
     assert counter.get_total_flops() == 3 * forward
 
 
-def report(*flags, probe=None):
-    """gpu_hours' text for these flags, priced from `probe` (a read_probe dict; the committed file's
-    by default), in this process: the FLOP counts are cached, so each report after the first is quick."""
+def report(*flags, probe=None, params=None):
+    """gpu_hours' text for these flags, priced from `probe` (a read_probe dict; the priced file's
+    by default) and `params` (params.yaml's by default), in this process: the FLOP counts are
+    cached, so each report after the first is quick."""
     a = gpu_hours.parser().parse_args(list(flags))
-    return gpu_hours.report(a, load_params(REPO / "params.yaml"), probe or read_probe(REPO / a.probe))
+    return gpu_hours.report(a, params or load_params(REPO / "params.yaml"), probe or read_probe(REPO / a.probe))
 
 
 def rows(text: str, block: str) -> list[list[str]]:
@@ -103,15 +106,38 @@ def total(text: str) -> float:
     return float(re.search(r"GPU-hours in all: \*\*(\d+)\*\*", text)[1])
 
 
-def test_the_benchmark_prices_the_grid_params_yaml_runs():
-    """The documented GPU command trains params.yaml's grid: 6 initializers x 5 seeds = 30 runs
-    per dataset (90 for CIFAR-10/100 and SVHN), not the paper's 5 (--paper-arms)."""
-    ours, paper = report(), report("--paper-arms")
-    main = rows(ours, "main table, ViT-T/2")
-    assert len(main) == 3 and all(r[2] == "30" for r in main), main
-    assert "main table: 6 initializers (params.yaml's grid) x 5 seeds per dataset" in ours
-    assert "main table: 5 initializers (the paper's) x 5 seeds per dataset" in paper
-    assert total(ours) > total(paper)
+SIXTH_ARM = "Mimetic Q/K only, beyond the paper"
+
+
+def test_the_main_table_is_the_papers_five_and_the_sixth_arm_a_line_of_its_own():
+    """The paper's grid: its 5 initializers x 5 seeds = 25 runs on each of its 4 datasets, in the
+    total. params.yaml's grid also trains mimetic_qk (Mimetic Q/K only): its 5 seeds on the 4
+    datasets are one line after the total, at the main table's rates, and outside the total;
+    without that arm in params.yaml the line goes and the paper's grid stays as it was."""
+    text = report()
+    main = rows(text, "main table, ViT-T/")
+    assert [r[1] for r in main] == ["cifar10", "cifar100", "svhn", "imagenet"] and all(r[2] == "25" for r in main), main
+    assert ("main table: 5 initializers (the paper's: Kaiming Uniform, Trunc Normal, Mimetic, Imp.-3, Imp.-5) "
+            "x 5 seeds per dataset, 100 runs") in text
+    table = [r for r in rows(text, "") if r[0] not in ("block", "") and not r[0].startswith("-")]
+    names = [r[0] for r in table]
+    assert names.index("total: the paper's grid") == len(names) - 2 and names[-1] == SIXTH_ARM, names
+    paper_rows, [grid_total], [arm] = table[:-2], rows(text, "total: the paper's grid"), rows(text, SIXTH_ARM)
+    assert float(grid_total[-1]) == total(text) == pytest.approx(sum(float(r[-1]) for r in paper_rows), abs=len(table))
+    per_run = sum(float(r[-2]) for r in main)
+    assert arm[2] == "20" and float(arm[-1]) == pytest.approx(5 * per_run, abs=1), (arm, per_run)
+    assert f"with Mimetic Q/K only: **{total(text) + float(arm[-1]):.0f}**" in text
+    assert "`mimetic_qk`" in text and f"**{arm[-1]}** GPU-hours more, outside the paper's total" in text
+
+    params = load_params(REPO / "params.yaml")
+    params["grid"]["baselines"] = [b for b in params["grid"]["baselines"] if b != "mimetic_qk"]
+    without = report(params=params)
+    assert SIXTH_ARM not in without and "beyond the paper" not in without and total(without) == total(text)
+    assert rows(without, "main table") == rows(text, "main table")
+
+
+def test_the_default_probe_is_the_priced_file():
+    assert REPO / gpu_hours.parser().parse_args([]).probe == PRICED and PRICED.exists()
 
 
 def with_rate(text: str, rate: str) -> str:
@@ -122,9 +148,9 @@ def with_rate(text: str, rate: str) -> str:
 def test_the_rate_comes_from_the_probe_file_and_names_its_card_and_commit(tmp_path):
     """Half the measured ViT-T/2 rate: twice the GPU-hours of every row it prices, and of the rows
     assumed at its TFLOP/s; the decode-bound ImageNet row stays. Card and commit are the file's."""
-    committed = read_probe(REPO / "benchmarks/gpu_probe.md")
+    committed = read_probe(PRICED)
     path = tmp_path / "gpu_probe_other.md"
-    text = with_rate((REPO / "benchmarks/gpu_probe.md").read_text(), f"{committed['rate'] / 2:,.0f}")
+    text = with_rate(PRICED.read_text(), f"{committed['rate'] / 2:,.0f}")
     path.write_text(re.sub(r"\| card \| [^|]+\|", "| card | Some GPU (40.0 GiB, 100 SMs) |", text))
     probe = read_probe(path)
     assert probe["rate"] == round(committed["rate"] / 2) and probe["card"] == "Some GPU"
@@ -143,23 +169,24 @@ def test_the_rate_comes_from_the_probe_file_and_names_its_card_and_commit(tmp_pa
 
 def test_a_probe_file_without_a_rate_is_a_clear_error(tmp_path):
     path = tmp_path / "probe.md"
-    path.write_text(with_rate((REPO / "benchmarks/gpu_probe.md").read_text(), "-"))
-    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu_hours", "--probe", str(path)], cwd=REPO,
+    path.write_text(with_rate(PRICED.read_text(), "-"))
+    r = subprocess.run([sys.executable, "-m", "tools.gpu_hours", "--probe", str(path)], cwd=REPO,
                        capture_output=True, text=True)
     assert r.returncode != 0 and "has no ViT-T/2 rate" in r.stderr and "gpu_probe" in r.stderr, r.stderr
     assert r.stdout == ""
 
 
 def test_the_committed_report_is_what_the_command_writes_now():
-    """benchmarks/gpu_hours.md (quoted by the README) from the committed probe file and params.yaml;
-    after a new probe file or a change of the grid: python -m benchmarks.gpu_hours --write."""
-    assert (REPO / "benchmarks/gpu_hours.md").read_text() == report()
+    """docs/includes/gpu_hours.md (quoted by docs/scaling-out.md; the README states its figures) from
+    the priced probe file and params.yaml; after a new priced file or a change of the grid:
+    python -m tools.gpu_hours --write."""
+    assert (REPO / "docs/includes/gpu_hours.md").read_text() == report()
 
 
 def test_the_memory_of_a_cell_says_how_the_trainer_trained_its_seeds(tmp_path):
     """A probe run on a GPU fills the stack-of-5 row of its part (b); on a card where one ViT-T/2
     fills the GPU the trainer trains the seeds one after another, and the report says so."""
-    text = (REPO / "benchmarks/gpu_probe.md").read_text()
+    text = PRICED.read_text()
     row = re.compile(r"^\| the project's trainer, stack of 5 \|.*$", re.M)
     for how, said in (("one after another: training 1 model(s) timm's own module on cuda", "one after another"),
                       ("training 5 model(s) stacked (batched) on cuda", "a stack of 5 models")):

@@ -1,16 +1,21 @@
 """benchmarks/gpu_probe.py: the --tiny run (toy sizes, on the CPU) writes every part of the probe
-file with numbers in it, and the committed benchmarks/gpu_probe.md (the H100 figures
-benchmarks/gpu_hours.py prices the grid from) parses as gpu_hours reads it."""
+file with numbers in it (the profile part (g) as CPU ops: its CUDA summary is tested on made-up
+kernel events), and every committed probe file (benchmarks/gpu_probe-<card>-<commit>.md,
+one per GPU run; tools/probe_file.py's PRICED, the H200's, is the one tools/gpu_hours.py prices
+the grid from) parses as gpu_hours reads it (tools/probe_file.py) and names its card, torch and
+commit."""
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.gpu_probe import (COMPILED_ROW, EAGER_ROW, NOT_MEASURED, RATE_ROW, SECTIONS, STACK_ROW, TINY_LABEL,
-                                  TRAINER_ROW, ProbeFileError, number, parse_tables, read_probe)
+from tools.probe_file import (COMPILED_ROW, EAGER_ROW, LAUNCHES_ROW, NOT_MEASURED, PRICED, PROFILE_HEADINGS,
+                              PROFILE_TOP, RATE_ROW, REQUIRED_SECTIONS, SECTIONS, SHARE_COLUMN, STACK_ROW, TINY_LABEL,
+                              TRAINER_ROW, ProbeFileError, number, parse_tables, probe_files, probe_name, read_probe)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,28 +68,107 @@ def test_gpu_hours_refuses_a_tiny_file(tiny, tmp_path):
         read_probe(path)
 
 
-def test_the_committed_probe_file_parses_as_gpu_hours_reads_it():
-    """Whichever run it holds (the H100 figures of 4380d9d until a probe run on a GPU replaces
-    them): the probe's layout, a card, a commit, a rate, FLOPs and a peak."""
-    text = (REPO / "benchmarks/gpu_probe.md").read_text()
-    assert text.startswith("# GPU probe: ") and TINY_LABEL not in text.splitlines()[0]
-    assert all(title in bodies(text) for title in SECTIONS.values())
-    probe = read_probe(REPO / "benchmarks/gpu_probe.md")
-    assert probe["card"] and re.fullmatch(r"[0-9a-f]{7,40}", probe["commit"]), probe
+@pytest.mark.parametrize("path", probe_files(), ids=lambda p: p.name)
+def test_each_committed_probe_file_parses_and_names_its_card_torch_and_commit(path):
+    """A GPU's own run of the probe, unedited: the probe's layout, its title naming the card,
+    torch and the commit it ran at (the file's name says card and commit too), a rate, FLOPs and
+    a peak."""
+    text = path.read_text()
+    assert TINY_LABEL not in text.splitlines()[0]
+    assert all(SECTIONS[key] in bodies(text) for key in REQUIRED_SECTIONS)     # (g) came later
+    probe = read_probe(path)
+    assert probe["mode"] == "full" and re.fullmatch(r"[0-9a-f]{7,40}", probe["commit"]), probe
+    assert text.startswith(f"# GPU probe: {probe['card']}, torch {probe['torch']}, project at {probe['commit']}\n")
+    assert "`python -m benchmarks.gpu_probe" in text.split("\n\n")[1]          # written by the probe itself
+    assert path.name == probe_name(probe["card"], probe["commit"])
     assert probe["rate"] > 0 and probe["gflop"] > 0 and probe["peak_gib"] > 0, probe
-    if probe["mode"].startswith("before"):        # the first GPU run's figures, as its notes give them
-        assert text.startswith("# GPU probe: NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, project at 4380d9d — "
-                               "measured by an equivalent script, not this command\n")
-        assert (probe["card"], probe["commit"], probe["torch"]) == ("NVIDIA H100 80GB HBM3", "4380d9d", "2.11.0+cu130")
-        assert (probe["rate"], probe["gflop"], probe["peak_gib"], probe["estimate_gib"]) == (5032, 9.97, 13.22, 11.1)
-        assert probe["stack_peak_gib"] is None        # not measured then
+
+
+def test_the_priced_file_is_a_committed_one():
+    """tools/gpu_hours.py prices from PRICED, one of the files side by side in benchmarks/ (the
+    H200's run at 02d9857 until a later run's file is named there)."""
+    assert PRICED in probe_files()
+    assert probe_name("NVIDIA H200", "02d9857") == "gpu_probe-h200-02d9857.md"
+    assert probe_name("NVIDIA H100 80GB HBM3", "4380d9d") == "gpu_probe-h100-80gb-hbm3-4380d9d.md"
 
 
 def test_a_probe_file_without_the_rate_is_refused(tmp_path):
-    text = (REPO / "benchmarks/gpu_probe.md").read_text()
+    text = PRICED.read_text()
     path = tmp_path / "probe.md"
     path.write_text(re.sub(rf"\| {re.escape(RATE_ROW)} \| [^|]+\|", f"| {RATE_ROW} | {NOT_MEASURED} |", text))
     with pytest.raises(ProbeFileError, match="has no ViT-T/2 rate"):
         read_probe(path)
     with pytest.raises(ProbeFileError, match="no such probe file"):
         read_probe(tmp_path / "missing.md")
+
+
+def headed(body: str) -> dict[str, str]:
+    """{### heading: its text up to the next one} of a section's body."""
+    parts = re.split(r"^(### .*)$", body, flags=re.M)
+    return {title.strip(): text for title, text in zip(parts[1::2], parts[2::2])}
+
+
+def test_the_tiny_profile_part_lists_at_most_15_cpu_ops_per_step_with_shares_and_launches(tiny):
+    """(g) on the CPU: both profiles (ViT-T/2's step and the digits stack's), each a table of
+    its figures and one of at most 15 ops, labelled CPU ops (no GPU: not kernels), with shares
+    summing to at most 100 % and launches (here: aten op calls) per step above 0."""
+    profiles = headed(bodies(tiny)[SECTIONS["g"]])
+    assert "CPU ops, not kernels" in bodies(tiny)[SECTIONS["g"]]
+    for heading in PROFILE_HEADINGS.values():
+        body = next((text for title, text in profiles.items() if title.startswith(heading)), None)
+        assert body is not None, f"{heading}: missing from (g): {list(profiles)}"
+        assert "error:" not in body, body
+        tables = [t for t in re.split(r"\n\s*\n", body) if t.lstrip().startswith("|")]
+        figures, top = (parse_tables("## x\n" + t)["## x"] for t in tables)
+        what = {row["what"]: row["value"] for row in figures}
+        assert number(what[LAUNCHES_ROW]) > 0, what
+        assert number(what["wall per step, ms (profiled)"]) > 0 and number(what["steps recorded"]) >= 1, what
+        assert 1 <= len(top) <= PROFILE_TOP
+        op = next(h for h in top[0] if h.startswith("CPU op"))
+        assert "not kernels" in op
+        share = next(h for h in top[0] if h.startswith(SHARE_COLUMN))
+        shares = [number(row[share]) for row in top]
+        assert all(0 <= x <= 100 for x in shares) and sum(shares) <= 100 + 0.05 * len(shares), shares
+        assert shares == sorted(shares, reverse=True)
+        assert all(row[op].strip("`").startswith("aten::") for row in top), top
+
+
+def test_the_cuda_summary_counts_kernels_launches_and_shares_per_step():
+    """profile_summary's GPU path on made-up profiler events: device events grouped by their short
+    name, time and share per step, kernels (not copies) and host launch calls per step."""
+    from torch.autograd import DeviceType
+
+    from benchmarks.gpu_probe import profile_summary
+
+    def event(name, us=0.0, device=DeviceType.CUDA):
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(elapsed_us=lambda: us))
+
+    add = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, " \
+          "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)"
+    gemm = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel"
+    events = ([event(gemm, 30.0)] * 4 + [event(add, 5.0)] * 8 + [event("Memcpy HtoD (Pageable -> Device)", 10.0)] * 2
+              + [event(f"triton_poi_fused_{i}", 1.0) for i in range(20)]
+              + [event("cudaLaunchKernel", device=DeviceType.CPU)] * 30
+              + [event("cudaGraphLaunch", device=DeviceType.CPU)] * 2 + [event("aten::mm", device=DeviceType.CPU)] * 4)
+    prof = SimpleNamespace(events=lambda: events)
+    s = profile_summary(prof, steps=2, cuda=True)
+    assert s["total_us"] == pytest.approx((120 + 40 + 20 + 20) / 2)
+    assert s["count"] == (4 + 8 + 20) / 2                  # kernels: the copies are not
+    assert s["launches"] == 15 and s["graphs"] == 1
+    assert len(s["top"]) == PROFILE_TOP
+    name, us, share, calls, variants = s["top"][0]
+    assert name.startswith("sm90_xmma_gemm") and us == 60 and share == pytest.approx(0.6) and calls == 2
+    assert s["top"][1][0] == "vectorized_elementwise_kernel[CUDAFunctor_add]"
+    assert sum(row[2] for row in s["top"]) <= 1
+
+
+def test_kernel_names_are_shortened_for_the_table():
+    from benchmarks.gpu_probe import short_kernel_name
+
+    assert short_kernel_name("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>(float*, int)") \
+        == "cunn_SoftMaxForward"
+    assert short_kernel_name("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<"
+                             "at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}>(int)") \
+        == "elementwise_kernel[direct_copy_kernel_cuda]"
+    assert short_kernel_name("triton_per_fused_native_layer_norm_0") == "triton_per_fused_native_layer_norm_0"
+    assert len(short_kernel_name("k" * 200)) == 72 and "|" not in short_kernel_name("a|b")

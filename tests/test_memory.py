@@ -123,7 +123,7 @@ def test_the_estimate_bounds_the_measured_cuda_peak_on_vit_t2(capsys):
     from structinit.data.specs import get_spec
     from structinit.data.tensors import ImageData
     from structinit.pipeline.build import build_model
-    from structinit.pipeline.params import load_params
+    from structinit.pipeline.load import load_params
 
     p = load_params()
     spec = get_spec("cifar10")
@@ -149,3 +149,25 @@ def test_the_estimate_runs_the_trainers_attention_kernel():
     tokens = model.patch_embed.num_patches + model.num_prefix_tokens
     maps = len(model.blocks) * 64 * model.blocks[0].attn.num_heads * tokens * tokens * 4   # fp32 (B, H, T, T)
     assert 0.9 * maps <= explicit - fused <= 6 * maps     # the maps kept, and their gradients in the backward
+
+
+def test_the_estimate_calls_nothing_deprecated_and_warns_nothing():
+    """The estimate deep-copies fake models (the stack's batched copy): torch's own deepcopy of
+    a FakeTensor reads its data pointer, deprecated ("Accessing the data pointer of FakeTensor
+    is deprecated"), a warning every training stage printed. memory._copied_as_fake copies them
+    as torch does without it: no warning, and the same figures (tests above)."""
+    import warnings
+
+    from structinit.training.memory import training_flops_per_image
+
+    sample = torch.randn(8, 1, 8, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for models in ([small_vit()], [small_vit(), small_vit()]):
+            for device_type in ("cpu", "cuda"):
+                estimate_training_memory(models, sample, batch=32, micro_batch=None, dtype="bf16",
+                                         test_images=64, device_type=device_type)
+        estimate_training_memory([small_vit()] * 3, sample, batch=32, micro_batch=8, dtype="fp32", test_images=64)
+        cm = si.create_convmixer(16, 2, 3, 1, 10, in_chans=1, filter_mode="impulse", seed=0)
+        estimate_training_memory([cm, cm], sample, batch=4, micro_batch=None, dtype="fp32", test_images=8)
+        assert training_flops_per_image(small_vit(), (1, 8, 8)) > 0

@@ -36,7 +36,7 @@ for m in models:
     for name, t in m.state_dict().items():
         digest.update(name.encode() + t.contiguous().numpy().tobytes())
 digest.update(repr([h["train_loss"] for hist in hists for h in hist]).encode())
-from structinit.training.trainer import compute_dtype
+from structinit.training.common import compute_dtype
 print(json.dumps({"digest": digest.hexdigest(), "dtype": compute_dtype(cfg, torch.device("cpu"))}))
 """
 
@@ -99,7 +99,7 @@ def test_amp_auto_uses_bf16_where_the_hardware_has_it(monkeypatch, amp, native_b
     assert (f"compute capability {capability[0]}.{capability[1]}) has no native bf16" in note) == (
         device == "cuda" and expected == "fp32" and amp == "auto"), note
     if device == "cpu":                          # the context the step runs in agrees
-        with train_module.autocast(cfg, torch.device("cpu")):
+        with train_module.autocast(torch.device("cpu"), expected):
             y = torch.nn.functional.linear(torch.randn(2, 3), torch.randn(4, 3))
         assert y.dtype == (torch.bfloat16 if expected == "bf16" else torch.float32)
 

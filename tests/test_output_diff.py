@@ -1,7 +1,7 @@
-"""benchmarks/output_diff.py: what a refactor changed in the pipeline's outputs."""
+"""tools/output_diff.py: what a refactor changed in the pipeline's outputs."""
 import json
 
-from benchmarks.output_diff import only_renamed, output_hashes
+from tools.output_diff import only_renamed, output_hashes
 
 
 def test_output_diff_tells_renamed_keys_from_changed_values():

@@ -7,7 +7,7 @@ import torch
 
 import structinit as si
 from conftest import small_vit
-from structinit.training import trainer
+from structinit.training.batches import BatchAugmentation
 
 C = 48
 
@@ -55,12 +55,12 @@ def test_kaiming_and_trunc_normal_share_what_trunc_normal_leaves_alone():
 def test_arms_at_one_seed_see_the_same_batches(monkeypatch, digits):
     """The data order and augmentation draw depend on the seed alone, not on the initializer."""
     seen = []
-    real = trainer.BatchAugmentation.augment
+    real = BatchAugmentation.augment
 
     def record(self, x_uint8, gens):                 # every model's batch side by side
         seen.append(x_uint8.clone().view(len(gens), -1, *x_uint8.shape[1:]))
         return real(self, x_uint8, gens)
-    monkeypatch.setattr(trainer.BatchAugmentation, "augment", record)
+    monkeypatch.setattr(BatchAugmentation, "augment", record)
     arms = [("trunc_normal", 0), ("mimetic", 0), ("trunc_normal", 1)]
     models = []
     for init, seed in arms:

@@ -4,6 +4,7 @@ import copy
 import dataclasses
 import inspect
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,8 @@ from structinit.config import IMPULSE_SOLVE_OPTIONS
 from structinit.training.config import TrainConfig
 from structinit.init.impulse import solve_impulse_qk
 from structinit.init.solvers import SOLVERS
-from structinit.pipeline.params import Adam, ClosedForm, ParamsError, Solve, Train, load_params, validate_params
+from structinit.pipeline.load import load_params
+from structinit.pipeline.params import Adam, ClosedForm, ParamsError, Solve, Train, validate_params
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT = yaml.safe_load((REPO / "params.yaml").read_text())
@@ -229,7 +231,8 @@ def test_schema_agrees_with_the_code_it_describes():
     for section, solver in ((ClosedForm, "closed_form"), (Adam, "adam")):
         options = {p.name: p.default for p in inspect.signature(SOLVERS[solver]).parameters.values()
                    if p.kind is p.KEYWORD_ONLY and p.name not in ("head_dim", "scale", "generator")}
-        assert {k: f.default for k, f in section.model_fields.items()} == options, solver
+        # in the signature's order too: a variant's "allowed" list comes from here (params._initializer_options)
+        assert list({k: f.default for k, f in section.model_fields.items()}.items()) == list(options.items()), solver
     # the `solve` section: IMPULSE_SOLVE_OPTIONS (what stages pass on) plus one section per
     # solver, and every one of them a keyword of solve_impulse_qk
     assert set(Solve.model_fields) == set(IMPULSE_SOLVE_OPTIONS) | set(SOLVERS)
@@ -267,3 +270,55 @@ def test_check_params_refuses_a_bad_file_of_each_kind_in_one_line_per_problem(tm
         lines = r.stderr.strip().splitlines()
         assert lines[0].startswith("error: params.yaml: ") and all(l.startswith("params.yaml: ") for l in lines[1:])
         assert any(all(f in line for f in fragments) for line in lines), (name, r.stderr)
+
+
+def test_the_schema_reads_each_initializer_as_the_registry_loads_it():
+    """check_params reads the method files' registrations without importing them
+    (pipeline/initializers.py); every file reads there as the registry loads it: name,
+    takes_kernel, and the options a variant may set, for each solver of the structured init."""
+    from structinit.init.registry import allowed_options, get_initializer, method_names as registry_names
+    from structinit.pipeline import initializers
+    from structinit.pipeline.params import _initializer_options, _kernel_free_initializers
+
+    assert initializers.method_names() == registry_names()
+    assert set(initializers.SHIPPED) <= set(registry_names())
+    for name in initializers.method_names():
+        found, init = initializers.declared(name), get_initializer(name)
+        assert found is not None and (found.name, found.takes_kernel) == (name, init.takes_kernel), name
+        if not callable(init.options):
+            assert found.options == init.options, name
+        for options in ({}, *({"solver": s} for s in SOLVERS)):
+            assert _initializer_options(name, options) == (init.takes_kernel, list(allowed_options(init, options)))
+    assert _kernel_free_initializers() == sorted(n for n in registry_names() if not get_initializer(n).takes_kernel)
+    with pytest.raises(ValueError, match="unknown solver 'sgd'"):
+        _initializer_options("impulse", {"solver": "sgd"})
+    with pytest.raises(ValueError, match="unknown solver 'sgd'"):
+        allowed_options(get_initializer("impulse"), {"solver": "sgd"})
+
+
+def test_variants_are_checked_against_their_initializers_options():
+    p = copy.deepcopy(DEFAULT)
+    p["grid"]["variants"] = [{"name": "mimetic_a05", "init": "mimetic", "options": {"alpha": 0.5}},
+                             {"name": "imp_adam", "init": "impulse", "options": {"kernel": 3, "solver": "adam",
+                                                                                  "steps": 10}}]
+    validate_params(p, REPO)
+    for variant, fragment in (({"name": "m2", "init": "mimetic", "options": {"gamma": 1}}, "unknown option(s) ['gamma']"),
+                              ({"name": "i2", "init": "impulse", "options": {"kernel": 3, "steps": 5}},
+                               "unknown option(s) ['steps']"),              # the closed form's options
+                              ({"name": "i3", "init": "impulse", "options": {"target_mass": 0.3}},
+                               "needs options.kernel"),
+                              ({"name": "i4", "init": "impulse", "options": {"kernel": 3, "solver": "sgd"}},
+                               "unknown solver 'sgd'"),
+                              ({"name": "x1", "init": "nope", "options": {"a": 1}}, "is not an initializer")):
+        p["grid"]["variants"] = [variant]
+        with pytest.raises(ParamsError, match=re.escape(fragment)):
+            validate_params(p, REPO)
+
+
+def test_check_params_imports_neither_torch_nor_timm():
+    """The first stage of every `dvc repro` is a second's work: the schema reads initializer
+    names from their files (benchmarks/stage_startup.py measures it)."""
+    code = ("import sys; from structinit.pipeline.params import check_params_file; check_params_file(); "
+            "print(sorted(m for m in ('torch', 'timm', 'torchvision') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]", r.stdout + r.stderr

@@ -1,4 +1,4 @@
-"""`./run.sh quick` (benchmarks/quick.py): the real pipeline on a reduced budget, in a copy.
+"""`./run.sh quick` (tools/quick.py): the real pipeline on a reduced budget, in a copy.
 
 The default budget is a valid params.yaml; --dry-run trains nothing and says what it would run;
 and the command itself runs here on a tiny config (3 epochs, two arms, 300 images, a one-block
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks import quick
+from tools import quick
 from structinit.pipeline.params import validate_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ def test_arms_and_overrides_shape_the_copy_and_bad_ones_are_refused():
 
 
 def test_dry_run_says_what_it_would_run_and_runs_nothing():
-    r = subprocess.run([sys.executable, "-m", "benchmarks.quick", "--dry-run"], cwd=REPO, capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "tools.quick", "--dry-run"], cwd=REPO, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "QUICK LOOK, NOT THE RESULT" in r.stdout and "train_impulse@digits-3" in r.stdout
@@ -57,7 +57,7 @@ def test_dry_run_says_what_it_would_run_and_runs_nothing():
 
 
 def test_a_bad_override_fails_in_one_line_before_any_copy():
-    r = subprocess.run([sys.executable, "-m", "benchmarks.quick", "--dry-run", "-S", "recipes.digits.train.lr=-1"],
+    r = subprocess.run([sys.executable, "-m", "tools.quick", "--dry-run", "-S", "recipes.digits.train.lr=-1"],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and r.stderr.startswith("quick: ") and "lr" in r.stderr
 
@@ -76,7 +76,7 @@ def _summary_n() -> dict:
 
 def test_the_quick_command_runs_the_pipeline_in_a_copy_on_a_tiny_config():
     before = _summary_n()
-    r = subprocess.run([sys.executable, "-m", "benchmarks.quick", *TINY], cwd=REPO, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "tools.quick", *TINY], cwd=REPO, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout

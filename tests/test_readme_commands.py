@@ -143,7 +143,7 @@ def test_the_changes_line_maps_old_module_paths_to_existing_ones():
 
 def repo_paths() -> list:
     """Every repository path a page names, but the files its snippets tell you to create."""
-    pattern = r"(?<![\w./])((?:structinit|stages|scale|benchmarks|tests)/[\w./-]*[\w/])"
+    pattern = r"(?<![\w./])((?:structinit|stages|scale|benchmarks|tools|tests)/[\w./-]*[\w/])"
     yours = {block.split("\n", 1)[0].removeprefix("# ").strip() for block in registry_snippets()}
     return [pytest.param(p, id=f"{page_name(page)}: {p}") for page in PAGES
             for p in sorted(set(re.findall(pattern, page.read_text())) - yours)]

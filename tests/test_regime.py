@@ -1,5 +1,6 @@
-"""The regime study (beyond the paper; off the default): its one command runs its own cells on top
-of the main grid's, in a copy, and keeps what it found (benchmarks/regime.py)."""
+"""The regime study (beyond the paper; off the default): its frozen evidence stage, regime
+(stages/regime.py), runs its own cells on top of the main grid's, in a scratch copy, and keeps
+what it found in its output folder."""
 import csv
 import json
 import sys
@@ -42,7 +43,7 @@ def test_the_regime_study_trains_only_its_own_cells_and_reports_mass_norms_and_c
     sh(repo, "dvc", "repro", "aggregate", "analyze_baseline", "analyze_impulse")    # the main grid, analyzed
     main_acc = json.loads((repo / "results/train/digits-trunc_normal/seed1/metrics.json").read_text())
 
-    out = sh(repo, sys.executable, "-m", "benchmarks.regime", "--out", "regime.md")
+    out = sh(repo, sys.executable, "-m", "stages.regime", "--out", "ev")
     ran = [line.split("'")[1] for line in out.stdout.splitlines() if line.startswith("Running stage '")]
     # the study's own cells alone: the reused arms' seed 2, the new arm's both seed lists; nothing of the main grid
     assert sorted(s for s in ran if s.startswith("study_regime")) == [
@@ -51,13 +52,13 @@ def test_the_regime_study_trains_only_its_own_cells_and_reports_mass_norms_and_c
     assert not [s for s in ran if s.startswith(("train_", "analyze_baseline", "analyze_impulse", "preoptimize"))]
     assert out.stdout.strip().splitlines()[-1].startswith("primary: imp3_m060 - trunc_normal = ")
 
-    rows = list(csv.DictReader(open(repo / "benchmarks/regime/runs.csv")))
+    rows = list(csv.DictReader(open(repo / "ev/runs.csv")))
     assert [(r["arm"], int(r["seed"])) for r in rows] == [
         (a, s) for a in ("trunc_normal", "impulse3", "imp3_m060") for s in (0, 1, 2)]
     by = {(r["arm"], int(r["seed"])): r for r in rows}
     # reused seeds are the main grid's runs, the others the study's own
     assert by["trunc_normal", 1]["run"] == "results/train/digits-trunc_normal/seed1"
-    assert by["trunc_normal", 2]["run"] == "benchmarks/regime/results/digits-trunc_normal-own/seed2"   # kept
+    assert by["trunc_normal", 2]["run"] == "ev/results/digits-trunc_normal-own/seed2"   # kept
     assert abs(float(by["trunc_normal", 1]["acc"]) - 100 * main_acc["final_test_acc"]) < 1e-3   # 6 digits kept
     for s in (0, 1, 2):
         sharp, law = by["imp3_m060", s], by["impulse3", s]
@@ -69,17 +70,19 @@ def test_the_regime_study_trains_only_its_own_cells_and_reports_mass_norms_and_c
         assert by["trunc_normal", s]["offsets_of"] == "impulse3" and by["impulse3", s]["offsets_of"] == "impulse3"
         assert float(by["trunc_normal", s]["pseudo_at_init"]) < 0.5 * float(law["pseudo_at_init"])
         assert int(by["trunc_normal", s]["images"]) == int(law["images"]) > 0
-    assert (repo / "benchmarks/regime/results/digits-imp3_m060-own/seed2/metrics.json").exists()
-    kept = json.loads((repo / "benchmarks/regime/conclusions.json").read_text())   # the verdicts, as data
+    assert (repo / "ev/results/digits-imp3_m060-own/seed2/metrics.json").exists()
+    kept = json.loads((repo / "ev/conclusions.json").read_text())   # the verdicts, as data
     assert [c["role"] for c in kept["conclusions"] if ", epoch" not in c["id"]][:2] == ["primary", "secondary"]
 
-    text = (repo / "regime.md").read_text()
+    text = (repo / "ev/regime.md").read_text()
     assert "## Regime study on digits" in text and "### In one line" in text
     assert "Imp.-3 at mass 0.6 − Trunc Normal" in text and "n = 3 paired" in text
     assert "Detectable with this design" in text and "test acc at epoch 1" in text
     assert f"the first {law['images']} test images" in text and "on Imp.-3's offsets of the same seed" in text
-    assert (repo / "regime.png").exists() and "Figure: `regime.png`" in text
+    assert (repo / "ev/regime.png").exists() and "Figure: `ev/regime.png`" in text
     assert "fixed in params.yaml since commit" in text or "not yet in a commit of params.yaml" in text
+    record = json.loads((repo / "ev/inputs.json").read_text())      # what it was made from: the reused cells
+    assert set(record["inputs"]) == {"results/train/digits-trunc_normal", "results/train/digits-impulse3"}
 
 
 def test_the_figure_puts_each_arm_at_its_mean_mass_with_its_mean_accuracy():

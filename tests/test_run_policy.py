@@ -10,7 +10,7 @@ import yaml
 
 from stages.common import refuse_cpu_for_gpu_recipe, requested_checkpoint_seconds, restart_requested
 from structinit.errors import StructinitError
-from structinit.training.common import code_fingerprint
+from structinit.training.checkpoint import code_fingerprint
 
 REPO = Path(__file__).resolve().parents[1]
 

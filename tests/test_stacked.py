@@ -291,11 +291,12 @@ def test_batched_step_computes_in_bf16_under_autocast():
     matmuls run in bf16 (logits come out bf16), and its gradients stay close to fp32's."""
     models = _vits([0, 1])
     x, y = torch.randn(2, 16, 1, 8, 8), torch.randint(0, 10, (2, 16))
-    cfg = si.TrainConfig(amp="bf16")
-    from structinit.training.trainer import loss_and_grads
-    grads, losses, logits = loss_and_grads(StackedModels(models), x, y, cfg, torch.device("cpu"))
+    from structinit.training.step import Objective
+    cpu, stack = torch.device("cpu"), StackedModels(models)
+    grads, losses, logits = Objective(stack, si.TrainConfig(), cpu, "bf16")(stack, x, y)
     assert logits.dtype == torch.bfloat16 and losses.dtype == torch.float32
-    fp32, _, _ = loss_and_grads(StackedModels(models), x, y, si.TrainConfig(amp="off"), torch.device("cpu"))
+    stack = StackedModels(models)
+    fp32, _, _ = Objective(stack, si.TrainConfig(), cpu, "fp32")(stack, x, y)
     for name, g in grads.items():
         assert g.dtype == torch.float32
         rel = (g - fp32[name]).norm() / fp32[name].norm().clamp_min(1e-12)
@@ -305,22 +306,22 @@ def test_batched_step_computes_in_bf16_under_autocast():
 def test_what_has_no_batched_form_falls_back_to_vmap():
     """A frozen tensor that differs between the models (here the position encoding) or a
     trained parameter outside Linear/LayerNorm/Conv2d (a class token) has no batched form."""
-    from structinit.training.batched import _why_not
+    from structinit.training.batched import why_not_batched
     a, b = _vits([0, 1])
     with torch.no_grad():
         b.pos_embed.add_(1.0)
-    assert "pos_embed is frozen but differs" in _why_not([a, b])
+    assert "pos_embed is frozen but differs" in why_not_batched([a, b])
     assert StackedModels([a, b]).batched is None
     cls = [si.create_vit(img_size=8, patch_size=1, embed_dim=48, depth=1, num_heads=3, num_classes=10,
                          in_chans=1) for _ in range(2)]
     for m in cls:
         m.cls_token = torch.nn.Parameter(torch.zeros(1, 1, 48))
-    assert "cls_token" in _why_not(cls) and "trains" in _why_not(cls)
+    assert "cls_token" in why_not_batched(cls) and "trains" in why_not_batched(cls)
     # a parameter-free module with batch statistics would mix the models' samples
     coupled = _vits([0, 1])
     for m in coupled:
         m.fc_norm = torch.nn.BatchNorm1d(48, affine=False, track_running_stats=False)
-    assert "fc_norm is BatchNorm1d (batch statistics)" in _why_not(coupled)
+    assert "fc_norm is BatchNorm1d (batch statistics)" in why_not_batched(coupled)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
@@ -331,9 +332,10 @@ def test_batched_stack_on_cuda_is_each_models_own():
     x, y = torch.randn(2, 32, 1, 8, 8), torch.randint(0, 10, (2, 32))
     stack = StackedModels(models).to(torch.device("cuda"))
     assert stack.batched is not None
-    from structinit.training.trainer import loss_and_grads
-    cfg = si.TrainConfig(amp="auto")
-    grads, losses, logits = loss_and_grads(stack, x.cuda(), y.cuda(), cfg, torch.device("cuda"))
+    from structinit.training.common import compute_dtype
+    from structinit.training.step import Objective
+    cfg, cuda = si.TrainConfig(amp="auto"), torch.device("cuda")
+    grads, losses, logits = Objective(stack, cfg, cuda, compute_dtype(cfg, cuda))(stack, x.cuda(), y.cuda())
     assert logits.dtype == torch.bfloat16
     for i, m in enumerate(models):
         ref = torch.nn.functional.cross_entropy(m(x[i]), y[i], label_smoothing=cfg.label_smoothing)
@@ -395,16 +397,14 @@ def test_checkpoint_every_s_writes_only_when_due_and_after_the_last_epoch(digits
 def test_micro_batches_are_the_whole_batch_step_to_float_noise():
     """STRUCTINIT_MICRO_BATCH for the stacked trainer: a batch of 64 per model as pieces of 24
     (24, 24, 16, weighted by share) gives the one-pass gradients, losses and counts."""
-    from structinit.training.gradient_step import plan_gradient_step
-    from structinit.training.trainer import loss_and_grads
+    from structinit.training.step import Objective, plan_gradients
     cfg = si.TrainConfig(seed=0, **FAST)
     x, y = torch.randn(2, 64, 1, 8, 8), torch.randint(0, 10, (2, 64))
     results = []
     for micro in (None, 24):
         stack = StackedModels(_vits([0, 1]))
-        step, how = plan_gradient_step(1, stack, torch.device("cpu"), 64,
-                                       lambda s, xb, yb: loss_and_grads(s, xb, yb, cfg, torch.device("cpu")),
-                                       micro_batch=micro)
+        objective = Objective(stack, cfg, torch.device("cpu"), "fp32")
+        step, how = plan_gradients(1, stack, torch.device("cpu"), 64, objective, micro_batch=micro)
         with step:
             sums = step.collect(step.submit(x, y))
         results.append((sums, {k: p.grad.clone() for k, p in stack.trainable().items()}, how))
@@ -418,10 +418,10 @@ def test_micro_batches_are_the_whole_batch_step_to_float_noise():
 
 
 def test_micro_batches_are_refused_where_they_change_the_step():
-    from structinit.training.gradient_step import plan_gradient_step
+    from structinit.training.step import plan_gradients
     stack = StackedModels(_convmixers([0, 1]))
     with pytest.raises(ValueError, match=r"micro-batches of 8 images .*BatchNorm2d.*STRUCTINIT_MICRO_BATCH"):
-        plan_gradient_step(1, stack, torch.device("cpu"), 64, lambda *a: None, micro_batch=8)
+        plan_gradients(1, stack, torch.device("cpu"), 64, lambda *a: None, micro_batch=8)
 
 
 def test_a_seed_trains_the_same_alone_on_timms_module_and_in_a_stack(digits):

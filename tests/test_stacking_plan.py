@@ -1,4 +1,4 @@
-"""Which way a cell's seeds train (trainer.plan_stacking) and what the way changes.
+"""Which way a cell's seeds train (memory.plan_stacking) and what the way changes.
 
 On a GPU a model whose step fills the card (the paper's ViT-T/2 at batch 512) trains its
 seeds one after another on timm's own module, as does a stack whose memory estimate does not
@@ -19,6 +19,7 @@ from structinit.data.specs import get_spec
 from structinit.pipeline.build import build_model
 from structinit.io import load_checked
 from structinit.training import trainer
+from structinit.training.memory import plan_stacking
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = yaml.safe_load((ROOT / "params.yaml").read_text())["recipes"]
@@ -51,7 +52,7 @@ def recipe(dataset: str) -> si.TrainConfig:
 
 def test_the_cpu_stacks():
     models = [small_vit(), small_vit()]
-    assert trainer.plan_stacking(models, shaped("digits", 64), recipe("digits"), torch.device("cpu")) == (
+    assert plan_stacking(models, shaped("digits", 64), recipe("digits"), torch.device("cpu"), "bf16") == (
         True, "stacked on the CPU")
 
 
@@ -59,7 +60,7 @@ def test_a_model_that_fills_the_gpu_trains_its_seeds_one_after_another(gpu_of):
     gpu_of(80)
     spec = get_spec("cifar10")
     models = [build_model(RECIPES["cifar10"]["model"], spec) for _ in range(2)]
-    together, why = trainer.plan_stacking(models, shaped("cifar10", 1024), recipe("cifar10"), CUDA)
+    together, why = plan_stacking(models, shaped("cifar10", 1024), recipe("cifar10"), CUDA, "bf16")
     assert not together
     assert "TFLOP, enough to fill the GPU" in why
 
@@ -69,10 +70,10 @@ def test_small_models_stack_on_a_gpu_unless_the_stack_does_not_fit(gpu_of):
     models = [build_model(RECIPES["digits"]["model"], spec) for _ in range(5)]
     data, cfg = shaped("digits", 1437, 360), recipe("digits")
     gpu_of(80)
-    together, why = trainer.plan_stacking(models, data, cfg, CUDA)
+    together, why = plan_stacking(models, data, cfg, CUDA, "bf16")
     assert together and "the seeds stack" in why
     gpu_of(0.1)                            # a stack of 5 digits ViTs needs more than 0.09 GiB
-    together, why = trainer.plan_stacking(models, data, cfg, CUDA)
+    together, why = plan_stacking(models, data, cfg, CUDA, "bf16")
     assert not together
     assert "the stack of 5 needs about" in why and "of the GPU's 0.1 GiB" in why
 

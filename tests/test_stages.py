@@ -3,10 +3,10 @@ from pathlib import Path
 
 import torch
 
-from stages.common import load_params
+from structinit.pipeline.load import load_params
 from stages.train import cell_fingerprint
 from structinit.pipeline.build import CellModel, build_cell_model
-from structinit.training.common import code_fingerprint
+from structinit.training.checkpoint import code_fingerprint
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SKIP_DIRS = {".venv", ".git", ".cache", ".dvc", "data", "models", "logs", "artifacts", "node_modules"}
-SOURCES = sorted(p for d in ("structinit", "stages", "scale", "benchmarks") for p in (REPO / d).rglob("*.py")) + [
+SOURCES = sorted(p for d in ("structinit", "stages", "scale", "benchmarks", "tools")
+                 for p in (REPO / d).rglob("*.py")) + [
     REPO / "params.yaml", REPO / "pyproject.toml", REPO / "run.sh", REPO / "dvc.template.yaml",
     *sorted((REPO / "reports").rglob("*.md"))]
 # a file name: code, docs, config, data tables; not inside ${...} or {...} (shell and f-string
@@ -31,7 +32,7 @@ NOT_OURS = {
     "methods/X.py": "a placeholder for your initializer's file",
     "structinit/init/methods/zero_qk.py": "the example initializer docs/library.md has you write",
     "a.csv": "stages/curves.py's argument a.csv (argparse's --csv), not a file name",
-    "runs.csv": "benchmarks/regime.py's table of runs (benchmarks/regime/), written when the study first runs",
+    "runs.csv": "the regime stage's table of runs (results/evidence/regime/), written when the study runs",
 }
 
 

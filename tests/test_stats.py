@@ -5,7 +5,7 @@ import numpy as np
 
 import pytest
 
-from benchmarks.replication import verdict
+from structinit.evidence.replication import verdict
 from structinit.reporting import stats
 from structinit.reporting.stats import contrast_line, paired_difference, planned_contrasts
 
@@ -101,7 +101,7 @@ def test_replication_verdicts():
 def test_replication_report_tests_each_planned_conclusion_on_the_new_seeds():
     """Each conclusion of the committed table is matched to the same contrast on the new seeds
     (family, arms), with its role; described pairs carry no verdict and are not counted."""
-    from benchmarks.replication import replication_report
+    from structinit.evidence.replication import replication_report
 
     def c(a, b, verdict, diff, p, role):
         return {"family": "digits", "a": a, "b": b, "verdict": verdict, "diff": diff, "p_adjusted": p,
@@ -352,7 +352,7 @@ def test_replication_keeps_its_runs_and_pools_both_halves_post_hoc(tmp_path):
     import yaml
     from scipy import stats as sps
 
-    from benchmarks.replication import halves, keep_outputs, replication_report
+    from structinit.evidence.replication import halves, keep_outputs, replication_report
 
     acc = {}
     for root, seeds, cpu in ((tmp_path / "a", range(5), "CPU one"), (tmp_path / "b", range(5, 10), "CPU two")):
@@ -386,7 +386,7 @@ def test_replication_keeps_its_runs_and_pools_both_halves_post_hoc(tmp_path):
 
     # as data, for the headline: each half's primary and the pooled figures, and what the
     # replication computed in and on
-    from benchmarks.replication import computed_on, primary_record
+    from structinit.evidence.replication import computed_on, primary_record
 
     conclusion.update(p=0.1, n=5)
     again = dict(conclusion, verdict=">", diff=0.5, ci_low=0.1, ci_high=0.9, p=0.02)

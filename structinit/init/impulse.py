@@ -10,6 +10,7 @@ Pieces, in the order they are used:
   impulse_attention_target           the N x N 0/1 target of one offset
   make_pseudo_input                   P / U / G / A / B, layer-normalized (N, C)
   solve_impulse_qk                    targets + pseudo-input -> per-layer Q, K (solvers.py)
+  solve_impulse_qk_seeds              the same for several seeds (the official loop: all at once)
   apply_impulse_solution              writes Q, K into a timm VisionTransformer
 """
 from __future__ import annotations
@@ -23,7 +24,8 @@ import torch.nn.functional as F
 
 from structinit.config import OFFSET_ORDERS, PSEUDO_INPUTS, check_kernel
 from structinit.models.vit import check_structured_vit, patch_grid_of, sincos_position_encoding
-from structinit.init.solvers import SOLVERS, attention_from_qk, mean_target_mass
+from structinit.init.solvers import (SOLVERS, adam_start, attention_from_qk, mean_target_mass,
+                                     solve_qk_adam_stacked)
 
 
 
@@ -162,37 +164,117 @@ def solve_impulse_qk(patch_grid: tuple[int, int], embed_dim: int, num_heads: int
     gen = torch.Generator().manual_seed(seed)
     solve = SOLVERS[solver]
 
-    # Which (pseudo-input, fresh offsets) each block's solve uses; equal keys share one solve.
-    plan = [(l if per_layer else (0 if (l == 0 or pseudo_input_rest == pseudo_input) else 1))
-            for l in range(depth)]
+    plan = _solve_plan(depth, per_layer, pseudo_input, pseudo_input_rest)
     solved: dict[int, tuple] = {}
     t0 = time.perf_counter()
     for l, key in enumerate(plan):
         if key in solved:
             continue
         kind = pseudo_input if l == 0 else pseudo_input_rest
-        kappas = assign_offsets(num_heads, kernel, offset_order, gen)
-        mn = [kernel_offset(k, kernel) for k in kappas]
-        targets = torch.stack([impulse_attention_target(patch_grid, o) for o in mn])  # (H, N, N)
-        x = make_pseudo_input(kind, patch_grid, embed_dim, gen)                  # (N, C)
+        kappas, mn, targets, x = _draw_problem(kind, patch_grid, embed_dim, num_heads, kernel, offset_order, gen)
         q, k, info = solve(x, targets, head_dim=head_dim, scale=scale, generator=gen,
                            **solver_options)
-        maps = attention_from_qk(x, q, k, scale)
-        info = dict(info, fit_mse=F.mse_loss(maps, targets).item(),
-                    target_mass=mean_target_mass(maps, targets))
-        solved[key] = (q, k, kappas, mn, info)
-    seconds = time.perf_counter() - t0
+        solved[key] = (q, k, kappas, mn, _with_fit(info, x, q, k, targets, scale))
+    options = dict(kernel=kernel, offset_order=offset_order, pseudo_input=pseudo_input,
+                   pseudo_input_rest=pseudo_input_rest, per_layer=per_layer, solver=solver,
+                   seed=seed, embed_dim=embed_dim, num_heads=num_heads, depth=depth, **solver_options)
+    return _solution(plan, solved, patch_grid, options, time.perf_counter() - t0)
 
+
+def solve_impulse_qk_seeds(patch_grid: tuple[int, int], embed_dim: int, num_heads: int, depth: int, *,
+                           seeds, solver: str = "closed_form", **options) -> list[ImpulseSolution]:
+    """[solve_impulse_qk(..., seed=s) for s in seeds], the same bits, faster where the official
+    solver's problems can share one loop: solver="adam" without early stop, one solve per model
+    (a shared solve on one pseudo-input) and the same pseudo-input for every seed (P, the
+    sin-cos encoding, is; a random draw is not). Those are solved stacked, every seed's Q, K in
+    one autograd loop (solvers.solve_qk_adam_stacked): the loop's cost is its ops' launches, not
+    their arithmetic, so S seeds cost about one. Anything else is solved seed by seed.
+
+    On the CPU, with one intra-op thread while it runs (restored after): the problems are a few
+    thousand numbers, which a GPU or more threads only wait on (launches, fork and join per
+    op); the thread count does not move the bits (tests/test_solvers.py)."""
+    patch_grid = tuple(patch_grid)
+    seeds = list(seeds)
+    kw = dict(options, solver=solver)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        first = options.get("pseudo_input", "P")
+        plan = _solve_plan(depth, options.get("per_layer", False), first, options.get("pseudo_input_rest") or first)
+        stackable = (solver == "adam" and not options.get("early_stop", False) and len(seeds) > 1
+                     and len(set(plan)) == 1)
+        if not stackable:
+            return [solve_impulse_qk(patch_grid, embed_dim, num_heads, depth, seed=s, **kw) for s in seeds]
+        return _solve_adam_stacked(patch_grid, embed_dim, num_heads, depth, seeds, kw)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _solve_adam_stacked(patch_grid, embed_dim, num_heads, depth, seeds, kw) -> list[ImpulseSolution]:
+    check_impulse_options(patch_grid, embed_dim, num_heads, **kw)
+    head_dim = embed_dim // num_heads
+    scale = head_dim ** -0.5
+    solver_options = {k: v for k, v in kw.items() if k not in _LAYOUT_OPTIONS + ("solver",)}
+    layout = {"kernel": 3, "offset_order": "random", "pseudo_input": "P", "pseudo_input_rest": None,
+              "per_layer": False, **{k: v for k, v in kw.items() if k in _LAYOUT_OPTIONS}}
+    layout["pseudo_input_rest"] = layout["pseudo_input_rest"] or layout["pseudo_input"]
+    t0 = time.perf_counter()
+    problems, starts = [], []
+    for seed in seeds:            # each seed's generator draws what solve_impulse_qk's draws, in order
+        gen = torch.Generator().manual_seed(seed)
+        problem = _draw_problem(layout["pseudo_input"], patch_grid, embed_dim, num_heads, layout["kernel"],
+                                layout["offset_order"], gen)
+        problems.append(problem)
+        starts.append(adam_start(problem[3], problem[2], head_dim=head_dim, generator=gen))
+    x = problems[0][3]
+    if any(not torch.equal(p[3], x) for p in problems):      # a random pseudo-input: one loop each
+        return [solve_impulse_qk(patch_grid, embed_dim, num_heads, depth, seed=s, **kw) for s in seeds]
+    targets = torch.stack([p[2] for p in problems])
+    q, k, infos = solve_qk_adam_stacked(x, targets, starts, scale=scale, **solver_options)
+    seconds = time.perf_counter() - t0
+    plan = _solve_plan(depth, layout["per_layer"], layout["pseudo_input"], layout["pseudo_input_rest"])
+    out = []
+    for i, seed in enumerate(seeds):
+        kappas, mn, t, _ = problems[i]
+        qi, ki = q[i].clone(), k[i].clone()
+        info = dict(_with_fit(infos[i], x, qi, ki, t, scale), stacked_seeds=len(seeds))
+        options = dict(layout, solver="adam", seed=seed, embed_dim=embed_dim, num_heads=num_heads, depth=depth,
+                       **solver_options)
+        out.append(_solution(plan, {0: (qi, ki, kappas, mn, info)}, patch_grid, options, seconds))
+    return out
+
+
+# solve_impulse_qk's keywords that shape the problem; the rest go to the solver
+_LAYOUT_OPTIONS = ("kernel", "offset_order", "pseudo_input", "pseudo_input_rest", "per_layer")
+
+
+def _solve_plan(depth, per_layer, pseudo_input, pseudo_input_rest) -> list[int]:
+    """Which (pseudo-input, fresh offsets) each block's solve uses; equal keys share one solve."""
+    return [(l if per_layer else (0 if (l == 0 or pseudo_input_rest == pseudo_input) else 1))
+            for l in range(depth)]
+
+
+def _draw_problem(kind, patch_grid, embed_dim, num_heads, kernel, offset_order, gen):
+    """One block's problem, drawn from gen: offsets, then the pseudo-input."""
+    kappas = assign_offsets(num_heads, kernel, offset_order, gen)
+    mn = [kernel_offset(k, kernel) for k in kappas]
+    targets = torch.stack([impulse_attention_target(patch_grid, o) for o in mn])  # (H, N, N)
+    x = make_pseudo_input(kind, patch_grid, embed_dim, gen)                  # (N, C)
+    return kappas, mn, targets, x
+
+
+def _with_fit(info, x, q, k, targets, scale) -> dict:
+    maps = attention_from_qk(x, q, k, scale)
+    return dict(info, fit_mse=F.mse_loss(maps, targets).item(), target_mass=mean_target_mass(maps, targets))
+
+
+def _solution(plan, solved, patch_grid, options, seconds) -> ImpulseSolution:
     per_block = [solved[key] for key in plan]
     first = per_block[0][4]
     return ImpulseSolution(
         q=torch.stack([b[0] for b in per_block]), k=torch.stack([b[1] for b in per_block]),
         kappas=[b[2] for b in per_block], offsets=[b[3] for b in per_block],
-        patch_grid=patch_grid,
-        options=dict(kernel=kernel, offset_order=offset_order, pseudo_input=pseudo_input,
-                     pseudo_input_rest=pseudo_input_rest, per_layer=per_layer, solver=solver,
-                     seed=seed, embed_dim=embed_dim, num_heads=num_heads, depth=depth,
-                     **solver_options),
+        patch_grid=patch_grid, options=options,
         solve_seconds=seconds, fit_mse=first["fit_mse"], target_mass=first["target_mass"],
         solver_info={"solves": len(solved), "layer0": first,
                      "per_solve": [v[4] for _, v in sorted(solved.items())]},

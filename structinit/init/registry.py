@@ -34,10 +34,6 @@ from pathlib import Path
 from typing import Callable
 
 METHODS_PACKAGE = "structinit.init.methods"
-# The initializers this repository ships (the paper's, and the confound arm). The studies'
-# stages depend on exactly these files (a study's list mixes impulse<k> with names, which
-# dvc.yaml's templates cannot map to one file each), so check_params keeps a study to them.
-SHIPPED = ("impulse", "kaiming_uniform", "mimetic", "mimetic_qk", "trunc_normal")
 METHODS_DIR = Path(__file__).resolve().parent / "methods"
 
 

@@ -21,7 +21,7 @@ out slightly softer (0.276 vs 0.259 for 3 vs 8 heads on ViT-T/2). The law
 squares on 28 shapes that are *not* in params.yaml and checked on every shape that is, plus
 ViT-B/16: all within 0.03 of the official solver (largest miss 0.020, ViT-T/2 and h8;
 the fit shapes themselves stay within 0.05);
-`python -m benchmarks.softness_law` re-runs the official solver, refits and prints both.
+the frozen stage softness_law re-runs the official solver, refits and writes both (docs/library.md).
 (1) turns z back into a mass, and the closed form is calibrated to it
 (`solve_qk_closed_form`). The law is for the P pseudo-input (the paper's default); U, G and
 A make the official maps much sharper (0.40 / 0.42 / 0.28 vs 0.11 on the digits shape) and
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 
-# Fitted by `python -m benchmarks.softness_law` (data: benchmarks/softness_law.csv).
+# Fitted by the softness_law stage (data: results/evidence/softness_law/softness_law.csv).
 COEFFICIENTS = (-2.8389, 0.8434, 0.2888, -0.0561, -0.0178)
 
 

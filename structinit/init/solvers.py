@@ -8,6 +8,7 @@ Q (H, C, r), K (H, r, C) with softmax(x Q_h K_h x^T * scale) ~ target_h.
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 
@@ -30,7 +31,16 @@ def mean_target_mass(maps: torch.Tensor, targets: torch.Tensor) -> float:
     return (mass[has_target].mean()).item()
 
 
-@torch.enable_grad()     # an autograd loop: it must run inside initialize()'s no_grad too
+def adam_start(x, targets, *, head_dim, generator):
+    """The official loop's start: Q (H, C, r) then K (H, r, C) drawn U(-a, a), a = sqrt(1 / (r *
+    heads)), from `generator`, and the cap, the mean norm of Q's columns (length-C vectors)."""
+    H, C, r = targets.shape[0], x.shape[1], head_dim
+    a = math.sqrt(1.0 / (r * H))
+    q = (torch.rand(H, C, r, generator=generator) * 2 - 1) * a
+    k = (torch.rand(H, r, C, generator=generator) * 2 - 1) * a
+    return q, k, q.norm(dim=1).mean()
+
+
 def solve_qk_adam(x, targets, *, head_dim, scale, generator, steps=10_000, lr=1e-4,
                   renorm_every=100, early_stop=False, tol=1e-3, window=1000):
     """The paper's solver as its official code runs it (`impulse_init`, timm fork).
@@ -46,35 +56,67 @@ def solve_qk_adam(x, targets, *, head_dim, scale, generator, steps=10_000, lr=1e
     renormalisation cycle, as the official loop ends, once the loss fell by less than `tol`
     (relative) over the last `window` steps. The info dict reports where it stopped.
     """
-    H, N, _ = targets.shape
-    C, r = x.shape[1], head_dim
-    a = math.sqrt(1.0 / (r * H))
-    q = ((torch.rand(H, C, r, generator=generator) * 2 - 1) * a).requires_grad_()
-    k = ((torch.rand(H, r, C, generator=generator) * 2 - 1) * a).requires_grad_()
-    cap = q.detach().norm(dim=1).mean()                   # columns of Q: length-C vectors
+    q, k, cap = adam_start(x, targets, head_dim=head_dim, generator=generator)
+    q, k, info = adam_loop(x, targets, q, k, cap, scale=scale, steps=steps, lr=lr, renorm_every=renorm_every,
+                           early_stop=early_stop, tol=tol, window=window)
+    return q, k, info
+
+
+def solve_qk_adam_stacked(x, targets, starts, *, scale, steps=10_000, lr=1e-4, renorm_every=100, **_ignored):
+    """Several problems of one shape in one official loop, all `steps` (no early stop): targets
+    (S, H, N, N), starts S (q, k, cap) of `adam_start`, one pseudo-input x (N, C) shared by all.
+    Returns Q (S, H, C, r), K (S, H, r, C) and one info dict per problem. Each problem's loss is
+    its own MSE and Adam's update is elementwise, so each problem's Q, K are the bits its own
+    `solve_qk_adam` gives (on the CPU; tests/test_solvers.py checks it): one loop's host
+    overhead instead of S loops'."""
+    q = torch.stack([s[0] for s in starts])
+    k = torch.stack([s[1] for s in starts])
+    caps = torch.stack([s[2] for s in starts]).view(-1, 1, 1, 1)
+    return adam_loop(x, targets, q, k, caps, scale=scale, steps=steps, lr=lr, renorm_every=renorm_every)
+
+
+@torch.enable_grad()     # an autograd loop: it must run inside initialize()'s no_grad too
+def adam_loop(x, targets, q, k, cap, *, scale, steps, lr, renorm_every, early_stop=False, tol=1e-3,
+              window=1000):
+    """The official loop from a start (adam_start). One problem: targets (H, N, N), Q (H, C, r),
+    K (H, r, C), cap a scalar. Stacked problems (no early stop): a leading dimension S on
+    targets, Q and K, cap (S, 1, 1, 1), the loss the sum of each problem's own MSE."""
+    stacked = targets.dim() == 4
+    if stacked and early_stop:
+        raise ValueError("stacked problems run every step: early_stop is for one problem")
+    q, k = q.clone().requires_grad_(), k.clone().requires_grad_()
     opt = torch.optim.Adam([q, k], lr=lr)
-    history: list[tuple[int, float]] = []                 # (steps done, loss) at cycle ends
+    history: list = []                                    # (steps done, loss) at cycle ends
     t0 = time.perf_counter()
     step = -1
     for step in range(steps):
         if step % renorm_every == 0:
             with torch.no_grad():
-                q.mul_(cap / q.norm(dim=1, keepdim=True))
-                k.mul_(cap / k.norm(dim=1, keepdim=True))
-        loss_t = F.mse_loss(attention_from_qk(x, q, k, scale), targets)
+                q.mul_(cap / q.norm(dim=-2, keepdim=True))
+                k.mul_(cap / k.norm(dim=-2, keepdim=True))
+        maps = attention_from_qk(x, q, k, scale)
+        if stacked:
+            losses = [F.mse_loss(maps[i], targets[i]) for i in range(len(targets))]
+            loss_t = functools.reduce(torch.add, losses)
+        else:
+            loss_t = F.mse_loss(maps, targets)
         opt.zero_grad(set_to_none=True)
         loss_t.backward()
         opt.step()
         if (step + 1) % renorm_every == 0:                # a cycle ends: log, maybe stop
-            history.append((step + 1, loss_t.item()))
+            history.append((step + 1, [l.item() for l in losses] if stacked else loss_t.item()))
             back = window // renorm_every
             if early_stop and len(history) > back and \
                     history[-1 - back][1] - history[-1][1] < tol * history[-1 - back][1]:
                 break
-    return q.detach(), k.detach(), {
-        "solver": "adam", "steps_run": step + 1, "max_steps": steps, "early_stop": early_stop,
-        "stopped_early": step + 1 < steps, "seconds": time.perf_counter() - t0,
-        "loss_history": history}
+    seconds = time.perf_counter() - t0
+
+    def info(loss_history):
+        return {"solver": "adam", "steps_run": step + 1, "max_steps": steps, "early_stop": early_stop,
+                "stopped_early": step + 1 < steps, "seconds": seconds, "loss_history": loss_history}
+    if not stacked:
+        return q.detach(), k.detach(), info(history)
+    return q.detach(), k.detach(), [info([(n, l[i]) for n, l in history]) for i in range(len(targets))]
 
 
 def solve_qk_closed_form(x, targets, *, head_dim, scale, generator,

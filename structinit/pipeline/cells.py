@@ -225,9 +225,21 @@ def study_runs(params: dict, study: str, main: str | Path, studies: str | Path) 
                for d, i, seed in itertools.product(s["datasets"], s["inits"], s["seeds"])])
 
 
+def ours(params: dict) -> str:
+    """The arm params.yaml calls "ours", the one the headline tests: the structured init at
+    init.kernel (impulse<init.kernel>). The one place that name is resolved."""
+    return impulse_init(params["init"]["kernel"])
+
+
+def planned_contrast(params: dict, text: str) -> tuple[str, str]:
+    """A planned contrast of params.yaml ("ours vs trunc_normal"), "ours" resolved: ("impulse3",
+    "trunc_normal") at init.kernel 3."""
+    return parse_contrast(text, ours(params))
+
+
 def parse_contrast(text: str, ours: str | None = None) -> tuple[str, str]:
     """A planned contrast as params.yaml writes it: "ours vs trunc_normal" -> ("impulse3",
-    "trunc_normal") when ours = "impulse3" (the headline row, impulse<init.kernel>)."""
+    "trunc_normal") when ours = "impulse3" (planned_contrast passes params' own)."""
     parts = [p.strip() for p in str(text).split(" vs ")]
     if len(parts) != 2 or not all(parts):
         raise ValueError(f"contrast {text!r}: write it as '<arm> vs <arm>', e.g. 'ours vs trunc_normal'")

@@ -25,7 +25,7 @@ from pathlib import Path
 import structinit
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("stages", "structinit", "benchmarks")
+PACKAGES = ("stages", "structinit", "benchmarks", "tools")
 TEMPLATE, TARGET = "dvc.template.yaml", "dvc.yaml"
 CODE = re.compile(r"^(?P<indent> +)- CODE\b.*$", re.M)
 SCRIPT = re.compile(r"python -m (stages\.\w+)")

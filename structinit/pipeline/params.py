@@ -1,40 +1,39 @@
 """params.yaml's schema: every key, its type and range, and the rules across keys.
 
-    load_params("params.yaml") -> the file's dict, or ParamsError listing every problem, one line
-                                  each: the key path, the bad value, what is allowed
+    check_params_file("params.yaml") -> the loaded Params (pipeline/load.py), or ParamsError
+                                        listing every problem, one line each: the key path,
+                                        the bad value, what is allowed
 
 The pipeline's first stage, check_params, checks the whole file before any other stage runs
 (every stage depends on it), so a typo in a study's section fails in seconds instead of after
-the main table; the other stages read params.yaml as it is and never import this schema, so
-editing a rule here re-runs nothing but that check. Unknown keys are refused: a misspelt key
-would otherwise be ignored and its intended value silently never used. Initializer names come
-from init/registry.py (the one place they are defined).
+the main table; the other stages read params.yaml as it is (pipeline/load.py) and never import
+this schema, so editing a rule here re-runs nothing but that check. Unknown keys are refused: a misspelt key
+would otherwise be ignored and its intended value silently never used. Initializer names are
+init/methods/'s files, read without importing them (pipeline/initializers.py): the check
+imports neither torch nor timm.
 """
 from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 import typing
 from pathlib import Path
 from typing import Any, Annotated, Literal, Optional
 
-import yaml
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator,
                       model_validator)
 
 from structinit.pipeline import cells
 from structinit.pipeline.cells import impulse_init, impulse_kernel, parse_pseudo_variant
-from structinit.config import (FILTER_MODES, OFFSET_ORDERS, PSEUDO_INPUTS, SOLVER_NAMES, check_kernel,
-                               patch_grid_for)
+from structinit.config import (FILTER_MODES, IMPULSE_SOLVE_OPTIONS, OFFSET_ORDERS, PSEUDO_INPUTS, SOLVER_NAMES,
+                               check_kernel, patch_grid_for)
 from structinit.training.config import TrainConfig
 from structinit.data import own
 from structinit.data.specs import DATASETS, STREAMED, TRAIN_IMAGES
-from structinit.errors import StructinitError
+from structinit.pipeline.initializers import SHIPPED, declared, method_names
+from structinit.pipeline.load import Params, ParamsError, load_params
 from structinit.training.steps import subset_size
-
-
-class ParamsError(StructinitError, ValueError):
-    """params.yaml is not valid; the message has one line per problem."""
 
 
 class _Section(BaseModel):
@@ -63,15 +62,13 @@ class Variant(_Section):
     @model_validator(mode="after")
     def _known(self):
         cells.check_variant(self.name, self.init, self.options, _kernel_free_initializers())
-        from structinit.init.registry import allowed_options, get_initializer
-
-        init = get_initializer(self.init)
-        allowed = [o for o in allowed_options(init, self.options) if o != "solution"]
+        takes_kernel, options = _initializer_options(self.init, self.options)
+        allowed = [o for o in options if o != "solution"]
         unknown = sorted(set(self.options) - set(allowed))
         if unknown:
             raise ValueError(f"variant {self.name!r}: unknown option(s) {unknown} for {self.init!r}; "
                              f"allowed: {allowed}")
-        if init.takes_kernel and not isinstance(self.options.get("kernel"), int):
+        if takes_kernel and not isinstance(self.options.get("kernel"), int):
             raise ValueError(f"variant {self.name!r}: {self.init!r} needs options.kernel (a whole number, "
                              f"e.g. 3), got {self.options.get('kernel')!r}")
         return self
@@ -109,8 +106,8 @@ class ClosedForm(_Section):              # keyword options of init/solvers.solve
 class Adam(_Section):                    # keyword options of init/solvers.solve_qk_adam
     steps: PosInt = 10_000
     lr: PosFloat = 1e-4
-    early_stop: bool = False
     renorm_every: PosInt = 100
+    early_stop: bool = False
     tol: PosFloat = 1e-3
     window: PosInt = 1000
 
@@ -279,10 +276,50 @@ class PseudoInputStudy(_Section):
 
 
 def _kernel_free_initializers() -> list[str]:
-    """The initializers a grid lists by name: every file in init/methods/ (imports torch)."""
-    from structinit.init.registry import load_all
+    """The initializers a grid lists by name: every file in init/methods/ whose registration
+    takes no kernel, read from the file (pipeline/initializers.py: no torch), and any registered
+    in this process by other code (a notebook's, a test's), as registry.load_all lists them."""
+    names = {}
+    for name in method_names():
+        found = declared(name)
+        names[name] = found.takes_kernel if found is not None else _registered(name).takes_kernel
+    registry = sys.modules.get("structinit.init.registry")    # imported: in-process registrations count
+    if registry is not None:
+        names.update({name: init.takes_kernel for name, init in registry._REGISTERED.items()})
+    return [name for name, takes_kernel in sorted(names.items()) if not takes_kernel]
 
-    return [name for name, init in sorted(load_all().items()) if not init.takes_kernel]
+
+# methods/impulse.py's solver when a variant's options name none (tests/test_params.py: the same)
+_IMPULSE_DEFAULT_SOLVER = "closed_form"
+
+
+def _registered(name: str):
+    """The registry's Initializer (imports its method file: torch), for a registration that
+    only running the file tells (pipeline/initializers.declared gave None)."""
+    from structinit.init.registry import get_initializer
+
+    return get_initializer(name)
+
+
+def _initializer_options(name: str, options: dict) -> tuple[bool, list[str]]:
+    """(takes_kernel, the options `name` accepts given `options`), as registry.allowed_options
+    gives them: a literal options=(...) read from the method file; the structured init's, whose
+    file computes them from the chosen solver's keywords, from this schema's own copy of those
+    keywords (the `solve` section's solver sub-sections, which tests/test_params.py holds equal
+    to the solvers' signatures); any other from the registry itself."""
+    found = declared(name)
+    if found is not None and found.options is not None:
+        return found.takes_kernel, list(found.options)
+    if found is not None and name == cells.IMPULSE:
+        solver = options.get("solver", _IMPULSE_DEFAULT_SOLVER)
+        if not isinstance(solver, str) or solver not in SOLVER_NAMES:
+            raise ValueError(f"unknown solver {solver!r}; choose one of {SOLVER_NAMES}")
+        section = Solve.model_fields[solver].annotation
+        return found.takes_kernel, ["kernel", *IMPULSE_SOLVE_OPTIONS, "solution", *section.model_fields]
+    from structinit.init.registry import allowed_options
+
+    init = _registered(name)
+    return init.takes_kernel, list(allowed_options(init, options))
 
 
 def _kernel_free(name: str) -> str:
@@ -295,11 +332,9 @@ def _kernel_free(name: str) -> str:
 
 
 def _initializers(inits: list) -> list:
-    """A study's initializers: the shipped ones (registry.SHIPPED) or impulse<k>. The study's
+    """A study's initializers: the shipped ones (pipeline/initializers.SHIPPED) or impulse<k>. The study's
     stages depend on those files alone, so a study cell of another initializer would not be
     retrained when its file changes."""
-    from structinit.init.registry import SHIPPED
-
     shipped = [n for n in SHIPPED if n != cells.IMPULSE]
     for name in inits:
         method, _ = cells.parse_init(name)          # its ValueError names what is allowed
@@ -307,7 +342,7 @@ def _initializers(inits: list) -> list:
             raise ValueError(f"{name!r}: a study trains the shipped initializers {shipped} or "
                              f"{cells.IMPULSE}<k> (the structured init, e.g. {cells.impulse_init(3)}); "
                              "a study stage depends on those files alone: to study another one, add its "
-                             "file to dvc.yaml's &study_deps and its name to registry.SHIPPED")
+                             "file to dvc.yaml's &study_deps and its name to pipeline/initializers.SHIPPED")
     return inits
 
 
@@ -340,7 +375,7 @@ class RegimeContrasts(_Section):         # the regime study's planned, paired te
 
 
 class RegimeStudy(_Section):             # beyond the paper: the structured init at sharper target masses
-    datasets: list[Dataset] = []         # [] = off, the default (benchmarks/regime.py runs it in a copy)
+    datasets: list[Dataset] = []         # [] = off, the default (the frozen stage regime runs it in a copy)
     reused: Annotated[list[str], Field(min_length=1)]   # main-grid arms: grid.seeds reused, own_seeds added
     arms: Annotated[list[Variant], Field(min_length=1)]   # an initializer at other options, a cell each
     shared_seeds: Seeds                  # a subset of grid.seeds: the reused arms' cells
@@ -389,7 +424,7 @@ class ShapeOverride(_Section):           # a partial VitModel
     mlp_ratio: Optional[PosFloat] = None
 
 
-class Params(_Section):
+class ParamsSchema(_Section):
     grid: Grid
     init: Init
     contrasts: Contrasts
@@ -405,7 +440,7 @@ class Params(_Section):
 
 # ---- the rules across keys -------------------------------------------------------------------
 
-def _cross_field_problems(p: Params, root: str | Path = ".") -> list[tuple[str, object, str]]:
+def _cross_field_problems(p: ParamsSchema, root: str | Path = ".") -> list[tuple[str, object, str]]:
     """[(key path, value, what is wrong and what is allowed)] for rules that span keys; `root`
     holds datasets/<name>/ (your own datasets' files)."""
     out, train_images = _dataset_problems(p, root)
@@ -528,7 +563,7 @@ def _cross_field_problems(p: Params, root: str | Path = ".") -> list[tuple[str, 
     return out
 
 
-def _regime_problems(p: Params, main_inits: list[str], image: dict) -> list[tuple[str, object, str]]:
+def _regime_problems(p: ParamsSchema, main_inits: list[str], image: dict) -> list[tuple[str, object, str]]:
     """When it runs: the regime study reuses the main grid's cells (its shared seeds, its reused
     arms) and adds seeds of its own: they must be what the main grid has, and not; an arm's
     kernel must fit the patch grid of each dataset it runs on."""
@@ -555,7 +590,7 @@ def _regime_problems(p: Params, main_inits: list[str], image: dict) -> list[tupl
     return out
 
 
-def _study_contrast_problems(p: Params, kernel_free: list[str]) -> list:
+def _study_contrast_problems(p: ParamsSchema, kernel_free: list[str]) -> list:
     """Each study's planned pairs name arms of that study's kind: filter modes, pseudo-input
     variants or initializers. An arm the study's lists leave out is not an error: the report
     says the pair was planned but not run (as the main table's contrasts)."""
@@ -590,7 +625,7 @@ def _is_variant(name: str) -> bool:
     return True
 
 
-def _data_size_problems(p: Params) -> list:
+def _data_size_problems(p: ParamsSchema) -> list:
     """Each fraction of each dataset's main-grid training set must hold one batch of its
     recipe: the study keeps the batch size and matches the optimizer's steps (steps.py)."""
     out = []
@@ -631,7 +666,7 @@ def _kernel_problems(path: str, value, kernel: int, model: dict, dataset: str, i
     return []
 
 
-def _dataset_problems(p: Params, root) -> tuple[list, dict[str, int]]:
+def _dataset_problems(p: ParamsSchema, root) -> tuple[list, dict[str, int]]:
     """(problems, training images per dataset). Every name in grid.datasets and recipes is a
     built-in dataset or one of own_datasets; each of your own is a new name whose folder
     datasets/<name>/ holds what its entry declares (data/own.py reads headers and labels only)."""
@@ -680,7 +715,7 @@ def validate_params(raw, root: str | Path = ".") -> dict:
     if not isinstance(raw, dict):
         raise ParamsError(f"params.yaml: expected a mapping of sections, got {type(raw).__name__}")
     try:
-        parsed = Params.model_validate(raw)
+        parsed = ParamsSchema.model_validate(raw)
     except ValidationError as e:
         raise ParamsError("\n".join(_lines(e.errors()))) from None
     problems = _cross_field_problems(parsed, root)
@@ -690,17 +725,10 @@ def validate_params(raw, root: str | Path = ".") -> dict:
     return raw
 
 
-def load_params(path: str | Path = "params.yaml") -> dict:
+def check_params_file(path: str | Path = "params.yaml") -> Params:
+    """params.yaml loaded (load_params) and checked: the loaded Params, or ParamsError."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ParamsError(f"{path}: no such file (run from the project's root)") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ParamsError(f"{path}:{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
-    return validate_params(raw, path.parent)
+    return validate_params(load_params(path), path.parent)
 
 
 def _lines(errors: list[dict]) -> list[str]:
@@ -762,7 +790,7 @@ def _path(loc: tuple) -> str:
 
 def _allowed_keys(loc: tuple) -> list[str]:
     """The keys a section at `loc` may have (walking the schema's classes)."""
-    model = Params
+    model = ParamsSchema
     for part in loc:
         if isinstance(part, int) or model is None:
             continue

@@ -124,7 +124,8 @@ def attention_report(params: dict, analysis: Path, results: Path, figures: Path,
                      epoch_budgets: Path | None = None) -> str:
     """The report's markdown; writes its figures under `figures`. analysis: the analyze stages'
     folder; results: the trained cells' (their logged dtype and CPU, for "What ran");
-    epoch_budgets: benchmarks/epochs.csv, whether the trained models' budget is converged."""
+    epoch_budgets: the epoch evidence's folder (results/evidence/epoch_budget), whether
+    the trained models' budget is converged."""
     analysis, results, figures = Path(analysis), Path(results), Path(figures)
     grid = params["grid"]
     inits = cells.main_inits(params)

@@ -1,6 +1,8 @@
-"""Is the epoch budget converged? The epoch benchmark's criterion (benchmarks/epochs.py), read
-by the benchmark and by the main report, so the sentence the report prints about its own
-budget comes from the benchmark's committed output (benchmarks/epochs.csv), not from prose.
+"""Is the epoch budget converged? The epoch evidence's criterion (structinit/evidence/epoch_budget.py),
+read by the evidence stage and by the reports, so the sentence a report prints about its own
+budget comes from the epoch_budget stage's output (results/evidence/epoch_budget/epochs.csv),
+not from prose, and only while that evidence is fresh (structinit.evidence): made from the
+cells the reports read. Otherwise the sentence says the budget's convergence was not measured.
 
 A budget B is converged when doubling it moves no arm's mean final accuracy by more than
 `tolerance` points (1 by default), each budget a complete run (warm-up and cosine scaled to it).
@@ -11,13 +13,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from structinit.evidence import evidence_freshness, unmeasured_line
 from structinit.io import CorruptFileError
 
 TOLERANCE = 1.0
+EPOCHS_MD = "results/evidence/epoch_budget/epochs.md"   # the evidence's report, named in each sentence
 
 
 def budget_finals(curves: pd.DataFrame) -> pd.DataFrame:
-    """benchmarks/epochs.csv (every evaluated epoch) -> one row per (dataset, init, budget,
+    """The epoch evidence's epochs.csv (every evaluated epoch) -> one row per (dataset, init, budget,
     seed): the final epoch's test accuracy."""
     keys = [k for k in ("dataset", "init", "budget", "seed") if k in curves]
     return curves.loc[curves.groupby(keys).epoch.idxmax()].reset_index(drop=True)
@@ -39,8 +43,11 @@ def converged_budget(finals: pd.DataFrame, tolerance: float = TOLERANCE) -> int 
     return None
 
 
-def budget_sentence(finals: pd.DataFrame, epochs: int, label=str, tolerance: float = TOLERANCE) -> str:
-    """What the benchmark says about a run of `epochs` epochs, one sentence for "What ran"."""
+def budget_sentence(finals: pd.DataFrame | None, epochs: int, label=str, tolerance: float = TOLERANCE) -> str:
+    """What the evidence says about a run of `epochs` epochs, one sentence for "What ran";
+    finals None: the evidence is not fresh, so it says nothing about these cells."""
+    if finals is None:
+        return unmeasured_line("epoch_budget", f"Epoch budget {epochs}")
     moves = doubling_moves(finals)
     chosen = converged_budget(finals, tolerance)
     n = finals.seed.nunique()
@@ -48,40 +55,45 @@ def budget_sentence(finals: pd.DataFrame, epochs: int, label=str, tolerance: flo
         worst = max(moves[epochs], key=lambda i: abs(moves[epochs][i]))
         move = moves[epochs][worst]
         if abs(move) <= tolerance:
-            return (f"Epoch budget {epochs}: converged by the epoch benchmark's criterion (benchmarks/epochs.md, "
+            return (f"Epoch budget {epochs}: converged by the epoch evidence's criterion ({EPOCHS_MD}, "
                     f"n = {n} seeds): doubling it to {2 * epochs} moves no arm's mean by more than "
                     f"{abs(move):.2f} points ({label(worst)}; tolerance {tolerance:g})")
         others = [i for i, m in moves[epochs].items() if abs(m) > tolerance and i != worst]
-        return (f"Epoch budget {epochs}: NOT converged by the epoch benchmark's criterion (benchmarks/epochs.md, "
+        return (f"Epoch budget {epochs}: NOT converged by the epoch evidence's criterion ({EPOCHS_MD}, "
                 f"n = {n} seeds): doubling it to {2 * epochs} moves {label(worst)}'s mean by {move:+.2f} points"
                 + (f" (and {', '.join(f'{label(i)} {moves[epochs][i]:+.2f}' for i in others)})" if others else "")
                 + f", more than the tolerance of {tolerance:g}; differences involving "
                 + ("these arms" if others else "this arm") + " still describe how far training got")
     if epochs in set(finals.budget):
-        return (f"Epoch budget {epochs}: measured by the epoch benchmark (benchmarks/epochs.md), but not its "
+        return (f"Epoch budget {epochs}: measured by the epoch evidence ({EPOCHS_MD}), but not its "
                 f"double ({2 * epochs}), so whether it is converged is not checked"
                 + (f" (the smallest converged budget measured is {chosen})" if chosen is not None else ""))
     if chosen is not None and epochs < chosen:
-        return (f"Epoch budget {epochs}: short of convergence (the epoch benchmark, benchmarks/epochs.md, "
+        return (f"Epoch budget {epochs}: short of convergence (the epoch evidence, {EPOCHS_MD}, "
                 f"finds {chosen} epochs the smallest converged budget), so these numbers rank how fast "
                 "each initializer starts learning")
-    return f"Epoch budget {epochs}: not one the epoch benchmark (benchmarks/epochs.md) measured"
+    return f"Epoch budget {epochs}: not one the epoch evidence ({EPOCHS_MD}) measured"
 
 
-def read_budget_finals(path: Path | None, datasets) -> dict[str, pd.DataFrame]:
-    """benchmarks/epochs.csv -> {dataset: its final-epoch rows} for each of `datasets` it
-    measured; {} when there is no file (a report then says nothing about its budget)."""
-    if path is None or not Path(path).exists():
+def read_budget_finals(folder: Path | None, datasets, root: Path = Path(".")) -> dict[str, pd.DataFrame | None]:
+    """The epoch evidence (folder: results/evidence/epoch_budget, its epochs.csv and record) ->
+    {dataset: its final-epoch rows} for each of `datasets` it measured, None for each while
+    the evidence is not fresh (made from other cells, or unrecorded: structinit.evidence;
+    root: the repository its record's paths are in); {} when there is no file (a report then
+    says nothing about its budget)."""
+    path = Path(folder) / "epochs.csv" if folder is not None else None
+    if path is None or not path.exists():
         return {}
     curves = pd.read_csv(path)
     if not {"dataset", "init", "budget", "seed", "epoch", "test_acc"} <= set(curves.columns):
-        raise CorruptFileError(f"{path}: columns {list(curves.columns)}; expected the epoch benchmark's "
+        raise CorruptFileError(f"{path}: columns {list(curves.columns)}; expected the epoch evidence's "
                                "(dataset, init, budget, seed, epoch, test_acc): re-create it with "
-                               "python -m benchmarks.epochs")
+                               "the epoch_budget stage")
     finals = budget_finals(curves)
-    return {ds: finals[finals.dataset == ds] for ds in datasets if ds in set(finals.dataset)}
+    fresh = evidence_freshness(folder, root).fresh
+    return {ds: finals[finals.dataset == ds] if fresh else None for ds in datasets if ds in set(finals.dataset)}
 
 
 def budget_sentences(budgets: dict[str, pd.DataFrame], epochs: dict[str, int], label=str) -> str:
-    """" <dataset>: <budget_sentence>." for every dataset the benchmark measured."""
+    """" <dataset>: <budget_sentence>." for every dataset the evidence measured."""
     return "".join(f" {ds}: {budget_sentence(budgets[ds], epochs[ds], label)}." for ds in budgets)

@@ -139,7 +139,7 @@ def build_index(reports: Path, datasets: list[str], studies: dict[str, list[str]
              "Each seed's final test accuracy per initializer, a grey line joining one seed's arms "
              "(the comparison is paired by seed: parallel lines = a consistent difference), the mean "
              "as a bar, the paper's number as a cross; beside it, accuracy against the epoch budget "
-             "(`benchmarks/epochs.py`): what a shorter run would have shown. The tests: "
+             "(stage epoch_budget, while its evidence is fresh): what a shorter run would have shown. The tests: "
              f"{link('main_table.md')}, *Conclusions*.", "", main, "",
              QUESTIONS.format(**blocks), studies_section(studies), "## Tables", ""]
     lines += [f"- {link(name)}: {what}" for name, what in TABLES]

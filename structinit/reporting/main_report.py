@@ -16,9 +16,10 @@ from pathlib import Path
 import pandas as pd
 
 from structinit.errors import ConfigError
+from structinit.evidence import evidence_freshness, unmeasured_line
 from structinit.io import MissingFileError
 from structinit.pipeline import cells
-from structinit.pipeline.cells import impulse_init, main_cell, run_name, seed_dir, solve_cell
+from structinit.pipeline.cells import main_cell, run_name, seed_dir, solve_cell
 from structinit.reporting import paper, stats
 from structinit.reporting.budget import budget_sentence, budget_sentences, read_budget_finals
 from structinit.reporting.figures.main import write_main_figures
@@ -52,8 +53,8 @@ class Plan:
 
 
 def planned(params: dict) -> Plan:
-    c, ours = params["contrasts"], impulse_init(params["init"]["kernel"])
-    return Plan(cells.parse_contrast(c["primary"], ours), [cells.parse_contrast(t, ours) for t in c["secondary"]],
+    c = params["contrasts"]
+    return Plan(cells.planned_contrast(params, c["primary"]), [cells.planned_contrast(params, t) for t in c["secondary"]],
                 c["direction"], c["alpha"],
                 cells.parse_contrast(c["registered"]) if c.get("registered") else None)
 
@@ -127,8 +128,8 @@ def speed_section(runs: pd.DataFrame, datasets: list[str], inits: list[str], spe
 
 
 def replication_sentence(record: dict | None, c: stats.Contrast, seeds: list, label=str) -> str:
-    """One sentence on the replication of primary contrast c (record: benchmarks/replication.json,
-    as benchmarks/replication.py writes it), "\n  "-prefixed; "" where the record replicated
+    """One sentence on the replication of primary contrast c (record: the replication stage's
+    replication.json, structinit/evidence/replication.py), "\n  "-prefixed; "" where the record replicated
     other results: another contrast, other seeds, or other numbers for the same seeds (another
     CPU's bytes, another trainer, an experiment's params), since it says nothing about these."""
     for r in (record or {}).get("primary", []):
@@ -141,7 +142,7 @@ def replication_sentence(record: dict | None, c: stats.Contrast, seeds: list, la
         has_ci = all(isinstance(again.get(k), (int, float)) and not math.isnan(again[k]) for k in ("ci_low", "ci_high"))
         ci = f", 95 % CI [{again['ci_low']:+.2f}, {again['ci_high']:+.2f}]" if has_ci else ""
         pooled = r.get("pooled_post_hoc")
-        report = record.get("report", "benchmarks/replication.md")
+        report = record.get("report", "results/evidence/replication/replication.md")
         return (f"\n  Re-tested on seeds {_seed_range(again['seeds'])} ({report}; "
                 f"{record.get('computed_on') or 'unrecorded dtype and CPU'}): {label(c.a)} − {label(c.b)} "
                 f"{again['diff']:+.2f} points{ci}, p = {again['p']:.2g}, {found}; against this table's "
@@ -205,16 +206,20 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
                  epoch_budgets: Path | None = None, replication: Path | None = None) -> MainReports:
     """results: the trained cells; preopt / reference: the Q/K solves' and the official
     solver's records (stages preoptimize and reference_solve); figures: where the main figure
-    goes (<dataset>.png); epoch_budgets: benchmarks/epochs.csv, drawn beside it where it has
-    the dataset; replication: benchmarks/replication.json, quoted in the headline where it
-    replicated this very primary contrast (replication_sentence)."""
+    goes (<dataset>.png); epoch_budgets: the epoch_budget stage's folder (results/evidence/
+    epoch_budget), its epochs.csv drawn beside it where it has the dataset and is fresh;
+    replication: the replication stage's folder (results/evidence/replication), its
+    replication.json quoted in the headline where it replicated this very primary contrast
+    (replication_sentence) and is fresh (structinit.evidence), else one line saying it was not
+    measured on these cells. Both evidence folders' records name paths relative to the working
+    directory (the repository root, where stages run)."""
     results, preopt, reference, figures = Path(results), Path(preopt), Path(reference), Path(figures)
     grid, kernel = params["grid"], params["init"]["kernel"]
     if kernel not in grid["kernels"]:
         raise ConfigError(f"init.kernel={kernel} is not in grid.kernels={grid['kernels']}: the headline "
                           f"('ours') must be a trained cell. Run e.g. dvc exp run -S init.kernel={kernel} "
                           f"-S 'grid.kernels={sorted(set(grid['kernels']) | {kernel})}'")
-    inits, ours = cells.main_inits(params), impulse_init(kernel)
+    inits, ours = cells.main_inits(params), cells.ours(params)
     expected = cells.main_runs(params)
     missing = [run_name(main_cell(d, i), s) for d, i, s in expected
         if not (seed_dir(results / main_cell(d, i), s) / "metrics.json").exists()]
@@ -271,9 +276,14 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
         + plan.exploratory_note(init_label) + main_block + "\n" + confound
         + (speed_block + "\n" if speed_block else "")
         + report.paper_main_block())
-    replicated = json.loads(replication.read_text()) if replication and replication.exists() else None
+    replicated, unreplicated = None, ""
+    if replication and (replication / "replication.json").exists():
+        if evidence_freshness(replication).fresh:
+            replicated = json.loads((replication / "replication.json").read_text())
+        else:
+            unreplicated = "\n  " + unmeasured_line("replication") + "."
     primary_lines = [stats.contrast_line(c, init_label, plan.alpha) + "\n" + detectable_line(c, plan.alpha)
-                     + replication_sentence(replicated, c, grid["seeds"], init_label)
+                     + (replication_sentence(replicated, c, grid["seeds"], init_label) or unreplicated)
                      for ds in grid["datasets"] for c in contrasts[ds] if c.role == "primary"]
     texts["headline.md"] = (            # what the top-level README quotes (tests/test_readme_numbers.py)
         table + "\n\n"

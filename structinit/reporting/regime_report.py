@@ -71,7 +71,7 @@ def regime_runs(params: dict, dataset: str, main: Path, studies: Path, analysis:
         run = seed_dir(cell, seed)
         if not (run / "metrics.json").exists():
             raise MissingFileError(f"{run_name(cell.name, seed)}: no trained run at {run} (the regime study's "
-                                   f"{arm}, seed {seed}); run the study: python -m benchmarks.regime")
+                                   f"{arm}, seed {seed}); run the study: its frozen stage, regime (docs/studies.md)")
         row = run_row(cell, seed, at, f"{STUDY}.contrasts.speed")
         found[arm, seed] = load_checked(seed_dir(where, seed).with_suffix(".pt"), f"the attention analysis of "
                                       f"{run_name(cell.name, seed)} (an analyze stage's output)")
@@ -194,7 +194,8 @@ def regime_report(params: dict, dataset: str, main: Path, studies: Path, analysi
             f"the paper's ViT-T/2 on CIFAR (256 tokens, width 192, 3 heads) gets {paper:.4f}. Does Imp.-3 gain on "
             "Trunc Normal when its prior is that sharp? Arms paired by seed; the primary contrast, the secondary "
             f"ones and the speed endpoint as planned in params.yaml ({STUDY}.contrasts; "
-            "benchmarks/regime.py's header names the commit that fixed the primary).\n\n"
+            "the regime stage's report, results/evidence/regime/regime.md, names the commit that fixed the "
+            "primary).\n\n"
             + summary
             + f"## What ran\n\n{dataset}, the main grid's recipe ({train['epochs']} epochs), seeds {shared + own} "
             f"(n = {len(shared) + len(own)}): the reused arms' seeds {shared} are the main grid's cells, every other "

@@ -23,7 +23,7 @@ from structinit.config import FILTER_MODES
 from structinit.data.specs import get_spec
 from structinit.io import MissingFileError
 from structinit.pipeline.cells import (STUDIES, Run, impulse_init, main_cell, main_datasets, main_inits, main_variant,
-                                      parse_contrast, parse_pseudo_variant, study_runs)
+                                      parse_contrast, parse_pseudo_variant, planned_contrast, study_runs)
 from structinit.reporting import paper, stats
 from structinit.reporting import tables as report
 from structinit.reporting.budget import budget_sentences
@@ -35,14 +35,14 @@ from structinit.training.steps import steps_per_epoch
 SOFTNESS_CAVEAT = (
     "Softness: the closed form follows the official solver's softness for the P pseudo-input "
     "(softness law). On U, G, A and B the official solver's maps are sharper (digits shape: "
-    "benchmarks/softness_law.csv), so the non-P rows compare pseudo-inputs at P's softness; "
+    "results/evidence/softness_law/softness_law.csv), so the non-P rows compare pseudo-inputs at P's softness; "
     "`-S solve.solver=adam` runs the official solver on each.\n\n")
 
 
-# Whose budget the epoch benchmark (benchmarks/epochs.csv: the recipe's ViT, main arms) speaks
+# Whose budget the epoch evidence (results/evidence/epoch_budget: the recipe's ViT, main arms) speaks
 # for: a study on the recipe's model and epochs, or holding the main grid's steps. ConvMixer
-# trains another model, which the benchmark did not measure.
-BUDGET_NOTES = {"pseudo_input": "", "heads_width": " (measured on the recipe's shape, not these)",
+# trains another model, which the evidence did not measure.
+BUDGET_NOTES = {"pseudo_input": "", "heads_width": " (for the recipe's shape, not these)",
                 "data_size": " (the main grid's budget, whose steps this study holds)"}
 
 
@@ -99,7 +99,7 @@ def main_grid_reference(params: dict, main: Path):
     pseudo-input variants, the ConvMixer modes). nan where the main grid has no such dataset.
     A missing main-grid run fails, naming it, as every report does."""
     inits, seeds = main_inits(params), params["grid"]["seeds"]
-    primary = parse_contrast(params["contrasts"]["primary"], impulse_init(params["init"]["kernel"]))
+    primary = planned_contrast(params, params["contrasts"]["primary"])
     cache: dict = {}
 
     def accuracies(dataset, init):
@@ -375,7 +375,7 @@ OFF_NOTE = "README.md"             # what an off study's figure folder holds
 def _report(study: str):
     def write(params, main: Path, studies: Path, out: Path, figures: Path | None = None,
               budgets: dict | None = None) -> str:
-        """budgets: the epoch benchmark's finals per dataset (budget.read_budget_finals)."""
+        """budgets: the epoch evidence's finals per dataset (budget.read_budget_finals; None: not fresh)."""
         if figures is not None:                               # no stale figure of an earlier run
             Path(figures).mkdir(parents=True, exist_ok=True)
             for stale in [*Path(figures).glob("*.png"), Path(figures) / OFF_NOTE]:

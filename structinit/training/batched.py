@@ -127,7 +127,7 @@ def is_batched_layer(m: nn.Module) -> bool:
     return type(m) in _SWAPS.values()
 
 
-def _why_not(models: list[nn.Module]) -> str | None:
+def why_not_batched(models: list[nn.Module]) -> str | None:
     """Why these models cannot run as one batched module (None: they can)."""
     first = models[0]
     for name, m in first.named_modules():
@@ -157,7 +157,7 @@ def _why_not(models: list[nn.Module]) -> str | None:
 def batched_module(models: list[nn.Module]) -> nn.Module | None:
     """One module that runs every model on its slice of an (N*B, ...) batch, or None when
     the architecture has a part with no batched form (see the module docstring)."""
-    if _why_not(models):
+    if why_not_batched(models):
         return None
     batched = copy.deepcopy(models[0])
     for name, m in list(batched.named_modules()):

@@ -28,7 +28,7 @@ class TrainConfig:
     randaugment: str | None = "rand-m9-mstd0.5-inc1"
     hflip: bool = True
     amp: str = "auto"            # auto: bf16 autocast on CUDA and on CPUs with native bf16, else fp32
-    cpu_chunks: str | int = "auto"  # CPU: run each batch as n single-threaded chunks (gradient_step.py)
+    cpu_chunks: str | int = "auto"  # CPU: run each batch as n single-threaded chunks (step.py)
     compile: str = "auto"        # torch.compile the step's forward and loss: auto = on CUDA, off on CPU
                                  # (where committed bytes are eager's); "on" / "off" anywhere
     eval_every: int = 1          # test-set evaluation every n epochs (and always after the last)

@@ -1,8 +1,11 @@
-"""How much device memory a stacked cell needs, estimated before it trains (the trainer's log).
+"""How much device memory a stacked cell needs, estimated before it trains, and whether a
+cell's seeds train stacked at all (the stacking plan, which weighs that estimate).
 
     estimate = estimate_training_memory(models, sample, batch=512, micro_batch=None, dtype="bf16",
                                         eval_batch=1024, data_bytes=..., device_type="cuda")
     estimate.total_bytes, estimate.describe()
+    together, why = plan_stacking(models, data, cfg, device, dtype)
+    print(memory_report(models, sample, ...))        # the estimate, and on a GPU whether it fits
 
 Counted, not guessed: the module that trains (the models stacked, StackedModels) runs one
 training pass (forward, loss, gradients, per-model clip, fused AdamW step) and one evaluation
@@ -13,22 +16,23 @@ caching allocator's torch.cuda.max_memory_allocated measures (each block rounded
 bytes), up to what runs outside autograd's view. Added to it:
 - data: the dataset, on the device as uint8 (the trainer keeps it there);
 - workspace: on CUDA, the cuBLAS/cuBLASLt workspaces PyTorch allocates through its caching
-  allocator on the first matrix product (up to 32 MiB each on Hopper, less on older cards):
-  counted by max_memory_allocated, invisible to a CPU simulation;
+  allocator on the first matrix product: counted by max_memory_allocated, invisible to a CPU
+  simulation;
 - a margin of 10 % on the activations for the kernels' scratch (TRANSIENT_MARGIN).
-Before this, one model's plain timm module was probed for the tensors autograd saves: on an
-H100 that missed the batched module's extra LayerNorm tensor, the evaluation pass (the peak
-on digits), the backward's transients and the workspace (74 MB estimated against 180.5 MB
-measured on digits; 11.1 against 13.2 GiB on ViT-T/2). tests/test_memory.py holds the bound
-on a GPU: never below the measured peak, at most 1.25x above it.
+Probing one plain model for the tensors autograd saves is not enough: it misses the batched
+module's own tensors, the evaluation pass (the peak on digits), the backward's transients
+and the workspace. tests/test_memory.py holds the bound on a GPU: never below the measured
+peak, at most 1.25x above it.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
+import copyreg
 import math
 import weakref
 from dataclasses import dataclass
+from itertools import chain
 
 import torch
 import torch.nn.functional as F
@@ -39,13 +43,11 @@ from torch.utils._pytree import tree_leaves
 GiB = 2 ** 30
 STATE_COPIES = 5       # the models' weights, the stack's, its gradients, AdamW's exp_avg and exp_avg_sq
 CUDA_BLOCK = 512       # the caching allocator rounds every block up to this many bytes
-CUDA_WORKSPACE_BYTES = 2 * 32 * 2 ** 20   # cuBLAS + cuBLASLt workspaces, Hopper's default sizes (the largest)
+CUDA_WORKSPACE_BYTES = 2 * 32 * 2 ** 20   # cuBLAS + cuBLASLt workspaces at the largest default size
 # What a CPU simulation cannot see, as a share of the simulated activations: CUDA kernels'
 # scratch (flash attention's backward accumulators), autocast's cached weight casts, the
-# augmentation's temporaries. Measured on an H100 at 4380d9d, the simulation plus data and
-# workspace came to 0.99x the peak on digits (179.1 vs 180.5 MB) and 0.986x on ViT-T/2 at
-# batch 512 (13.04 vs 13.22 GiB): never below the peak needs a margin, and 10 % keeps the
-# estimate near the middle of the 1.00-1.25x band tests/test_memory.py holds on a GPU.
+# augmentation's temporaries. Without it the estimate falls just short of the measured peak;
+# 10 % keeps it near the middle of the 1.00-1.25x band tests/test_memory.py holds on a GPU.
 TRANSIENT_MARGIN = 0.10
 
 
@@ -133,7 +135,38 @@ def _fake_copies(model: torch.nn.Module, n: int) -> list[torch.nn.Module]:
     for _ in range(n):
         memo = {id(p): torch.nn.Parameter(fake(p)) for p in model.parameters() if p.requires_grad}
         copies.append(copy.deepcopy(model, {**memo, **frozen}))
+    for t in chain(*(m.parameters() for m in copies), *(m.buffers() for m in copies)):
+        _copied_as_fake(t)
     return copies
+
+
+def _copied_as_fake(t: torch.Tensor) -> None:
+    """Give the fake tensor `t` the deepcopy that Tensor.__deepcopy__ gives a tensor subclass
+    without storage, minus its test `t.data_ptr() == 0`: a FakeTensor answers that with torch's
+    "Accessing the data pointer of FakeTensor is deprecated" warning, printed by every training
+    stage while the stack (StackedModels -> batched_module) deep-copies a fake model. The copy
+    itself is torch's (a clone, requires_grad, grad, attributes), so the estimate is unchanged;
+    deepcopy finds an instance's own __deepcopy__ before its class's. Real tensors never get one:
+    their copy is torch's."""
+    ref = weakref.ref(t)              # not `t` itself: a cycle would keep every copy alive until gc
+
+    def deepcopy(memo):
+        t = ref()
+        with torch.no_grad():
+            new = t.clone()
+            if t.requires_grad:
+                new.requires_grad_()
+            if t.grad is not None:
+                new.grad = copy.deepcopy(t.grad, memo)
+            for slot in copyreg._slotnames(type(t)):
+                if hasattr(t, slot):
+                    setattr(new, slot, copy.deepcopy(getattr(t, slot), memo))
+            t._clear_non_serializable_cached_data()
+            new.__dict__ = copy.deepcopy({k: v for k, v in t.__dict__.items() if k != "__deepcopy__"}, memo)
+        _copied_as_fake(new)
+        memo[id(t)] = new
+        return new
+    t.__deepcopy__ = deepcopy
 
 
 def simulated_peak_bytes(models: list[torch.nn.Module], image_shape: tuple[int, ...], *,
@@ -224,3 +257,62 @@ def training_flops_per_image(model: torch.nn.Module, image_shape: tuple[int, ...
             fake(torch.empty(1, *image_shape))
     return 3.0 * counter.get_total_flops()
 
+
+
+# ---- the stacking plan -----------------------------------------------------------------------
+
+# One model's training step at least this many FLOPs fills a GPU: stacking seeds then buys
+# little throughput and multiplies the memory. Below it (a small model at a small batch) the
+# host sets the pace, and a stack costs about what one model costs.
+FILLS_A_GPU_FLOPS = 1e12
+
+
+def plan_stacking(models: list[torch.nn.Module], data, cfg, device: torch.device, dtype: str,
+                  processes: int = 1, train_size: int | None = None,
+                  micro_batch: int | None = None) -> tuple[bool, str]:
+    """(whether the models train stacked, why): on a GPU, one after another when one model's
+    step fills it (FILLS_A_GPU_FLOPS) or the stack's memory estimate passes 90 % of the GPU's
+    memory; on a CPU, always stacked (host-bound: a stack costs little more than one model).
+    data: the ImageData; cfg: the TrainConfig; dtype: what the run computes in; processes: how
+    many share each step's batch (torchrun); train_size: the training images used (a subset's
+    size; None: all); micro_batch: images per model per pass, which the estimate counts as the
+    step does."""
+    if device.type != "cuda":
+        return True, "stacked on the CPU"
+    flops = training_flops_per_image(models[0], tuple(data.train_images.shape[1:])) * cfg.batch_size
+    if flops >= FILLS_A_GPU_FLOPS:
+        return False, (f"one model's step is {flops / 1e12:.1f} TFLOP, enough to fill the GPU: stacking would "
+                       "multiply the memory and buy little")
+    total = torch.cuda.get_device_properties(device).total_memory
+    n_train = len(data.train_labels) if train_size is None else train_size
+    batch = min(cfg.batch_size, n_train) // processes
+    per_image = data.train_images[:1].nbytes
+    estimate = estimate_training_memory(models, data.train_images[:1], batch=batch, micro_batch=micro_batch,
+                                        dtype=dtype, data_bytes=n_train * per_image + data.test_images.nbytes,
+                                        test_images=len(data.test_labels), device_type="cuda")
+    if estimate.total_bytes > 0.9 * total:
+        return False, (f"the stack of {len(models)} needs about {estimate.total_bytes / 2 ** 30:.1f} GiB (estimated), "
+                       f"more than 90 % of the GPU's {total / 2 ** 30:.1f} GiB")
+    return True, f"one model's step is {flops / 1e9:.0f} GFLOP: the host sets the pace, so the seeds stack"
+
+
+def memory_report(models: list[torch.nn.Module], sample: torch.Tensor, batch: int, micro_batch: int | None,
+                  dtype: str, device: torch.device, data_bytes: int, fused_attention: bool | None = None,
+                  test_images: int | None = None) -> str:
+    """The cell's memory estimate as one line for the log; on a GPU, whether it fits and which
+    STRUCTINIT_MICRO_BATCH would (where micro-batches are the same step)."""
+    from structinit.training.step import why_not_splittable
+
+    estimate = estimate_training_memory(models, sample, batch=batch, micro_batch=micro_batch, dtype=dtype,
+                                        data_bytes=data_bytes, fused_attention=fused_attention,
+                                        test_images=test_images, device_type=device.type)
+    line = estimate.describe()
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        line += f"; the GPU has {total / 2 ** 30:.1f} GiB"
+        if estimate.total_bytes > 0.9 * total:
+            fit = None if why_not_splittable(models[0]) else estimate.micro_batch_to_fit(int(0.8 * total))
+            line += (f": it may not fit; try STRUCTINIT_MICRO_BATCH={fit} (the same step, in pieces)" if fit
+                     else ": it may not fit, and micro-batches cannot help (one image per pass is too much, or the "
+                          "model has BatchNorm or dropout); stack fewer seeds (grid.seeds) or use more GPUs")
+    return line

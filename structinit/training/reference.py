@@ -1,15 +1,15 @@
 """The reference trainer: one model, the textbook loop, nothing stacked, chunked or vmapped.
 
     history = train_plain(model, data, cfg)      # one dict per epoch: train_loss, images_per_s, ...
-    loss = plain_step(model, opt, x, y, cfg, device)
+    loss = plain_step(model, opt, x, y, cfg, device, dtype)
 
 What the stacked trainer (trainer.py) is checked against and measured against: the
 equivalence tests (tests/test_stacked.py: the trainer on one model == this loop, to float
-noise) and the throughput benchmarks (benchmarks/stacked_throughput.py, train_throughput.py)
-use this one loop. It runs the timm module as timm runs it (its own attention choice), torch's
-own clip_grad_norm_ and AdamW, with the trainer's batches: the same per-(seed, epoch)
-generator draws the same order and augmentation, so the two differ only in how the step is
-computed. No checkpoints, no evaluation, no multi-process: it is a yardstick, not a trainer.
+noise) and the throughput benchmarks use this one loop. It runs the timm module as timm runs
+it (its own attention choice), torch's own clip_grad_norm_ and AdamW, with the trainer's
+batches: the same per-(seed, epoch) generator draws the same order and augmentation, so the
+two differ only in how the step is computed. No checkpoints, no evaluation, no
+multi-process: it is a yardstick, not a trainer.
 """
 from __future__ import annotations
 
@@ -19,17 +19,18 @@ import torch
 import torch.nn.functional as F
 
 from structinit.data.tensors import ImageData
-from structinit.training.common import autocast, lr_at, param_groups, schedule_steps
+from structinit.training.batches import BatchAugmentation
+from structinit.training.common import autocast, compute_dtype, lr_at, param_groups, schedule_steps
 from structinit.training.config import TrainConfig
 from structinit.training.steps import steps_per_epoch
-from structinit.training.trainer import BatchAugmentation
 
 
 def plain_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-               cfg: TrainConfig, device: torch.device) -> torch.Tensor:
-    """One textbook training step: forward (autocast as the recipe says), label-smoothed
-    loss, backward, clip, AdamW. Returns the (detached) mean loss of the batch."""
-    with autocast(cfg, device):
+               cfg: TrainConfig, device: torch.device, dtype: str) -> torch.Tensor:
+    """One textbook training step: forward (autocast in `dtype`, common.compute_dtype's answer
+    for the recipe), label-smoothed loss, backward, clip, AdamW. Returns the (detached) mean
+    loss of the batch."""
+    with autocast(device, dtype):
         logits = model(x)
     loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
     opt.zero_grad(set_to_none=True)
@@ -46,6 +47,7 @@ def train_plain(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
     "train_seconds", "images_per_s"} per epoch. The batches are the trainer's: same order,
     same augmentation, same drop-last step count."""
     device = torch.device(device)
+    dtype = compute_dtype(cfg, device)
     augmentation = BatchAugmentation(data, cfg, device)
     idx = train_indices if train_indices is not None else torch.arange(len(data.train_labels))
     train_x, train_y = data.train_images[idx].to(device), data.train_labels[idx].to(device)
@@ -66,7 +68,8 @@ def train_plain(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
             for g in opt.param_groups:
                 g["lr"] = lr_at(epoch * n_steps + i, total_steps, warmup_steps, cfg)
             rows = order[i * batch:(i + 1) * batch]
-            loss_sum += plain_step(model, opt, augmentation.augment(train_x[rows], [gen]), train_y[rows], cfg, device)
+            x = augmentation.augment(train_x[rows], [gen])
+            loss_sum += plain_step(model, opt, x, train_y[rows], cfg, device, dtype)
         loss = loss_sum.item() / n_steps                    # the epoch's one host sync
         seconds = time.perf_counter() - t
         history.append({"epoch": epoch + 1, "lr": opt.param_groups[0]["lr"], "train_loss": loss,

@@ -6,13 +6,12 @@
 
 Why: the embedded default's ViT (width 48, 64 tokens, batch 64) is so small that a training
 step is mostly per-op overhead (Python, dispatch, thread fork/join); five such models
-stacked cost little more per step than one (benchmarks/stacked_throughput.py).
+stacked cost little more per step than one.
 
 How, three ways behind one interface:
 - plain, for one model: timm's own module trains as it is (its own parameters, foreach
   clipping as timm's train.py clips): a model that fills a GPU gains nothing from a stack of
-  one, and every stacked layer costs kernels a plain one does not (issue 44: one ViT-T/2 step
-  was 1,011 ops stacked against 407 plain).
+  one, and every stacked layer costs kernels a plain one does not.
 - batched (batched.py), where the architecture allows (the project's ViTs): timm's module
   runs unchanged on all N*B samples, its Linear/LayerNorm/Conv2d layers swapped for ones
   whose weights carry the model axis (batched matmuls over models), attention one fused
@@ -21,8 +20,8 @@ How, three ways behind one interface:
   parameter and buffer a leading model dimension, and `vmap(functional_call)` runs the
   unchanged timm module over it; gradients by `vmap(grad(one model's loss))` (functorch's
   model-ensembling recipe). Functional gradients, not `.backward()` on leaves that require
-  grad: under vmap, autocast silently stays in fp32 for tensors that require grad (torch
-  2.14). BatchNorm's running statistics are stacked buffers, updated in place per model.
+  grad: under vmap, autocast silently stays in fp32 for tensors that require grad.
+  BatchNorm's running statistics are stacked buffers, updated in place per model.
 Either way gradients are per model by construction, and per-model gradient clipping
 (`clip_grad_norm_per_model`) and an elementwise optimizer (AdamW) keep every model's update
 what it would be alone.
@@ -122,9 +121,9 @@ class StackedModels:
         matmuls; the fused kernel (_scaled_dot_product_flash_attention_for_cpu) has no batching
         rule there and would fall back to a per-model loop. CUDA's fused kernels have batching
         rules. Batched: fused, except on CPU in bf16, where the fused kernel's backward dominates
-        the step at this model's shapes (head dim 16, 64 tokens: 61 % of a step; the whole step
-        2.8x slower than with explicit attention on a Zen 4 with AVX512-BF16); in fp32 the fused
-        kernel is the faster one (`python -m benchmarks.attention_kernels` measures all four)."""
+        the step at small head dims and token counts (the digits ViT's: head dim 16, 64
+        tokens), making the step slower than with explicit attention; in fp32 the fused kernel
+        is the faster one."""
         fused = device.type != "cpu" or (self.way != "by vmap" and dtype != "bf16")
         for m in self.base.modules():
             if hasattr(m, "fused_attn"):
@@ -188,7 +187,7 @@ class StackedModels:
                          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                          context: Callable = contextlib.nullcontext) -> tuple[torch.Tensor, torch.Tensor]:
         """(each model's loss (N,), logits (N, B, ...)) of the plain or batched module on x
-        (N, B, ...), with autograd recording: what torch.compile compiles (trainer.py)."""
+        (N, B, ...), with autograd recording: what torch.compile compiles (step.Objective)."""
         module = self.plain if self.plain is not None else self.batched
         with context():
             out = module(x.flatten(0, 1))

@@ -31,10 +31,12 @@ from tqdm.auto import tqdm
 
 from structinit.data.imagenet import SeededAugmentation, test_loader, train_loader
 from structinit.io import save_checked
-from structinit.training.common import (NonFiniteLossError, autocast, checkpoint_fingerprint, lr_at, param_groups,
-                                        resolve_amp, restore_checkpoint, schedule_steps)
+from structinit.training.checkpoint import checkpoint_fingerprint, restore_checkpoint
+from structinit.training.common import (NonFiniteLossError, autocast, compute_dtype, lr_at, param_groups,
+                                        schedule_steps)
 from structinit.training.config import TrainConfig
 from structinit.distributed import DistributedContext, refuse_batchnorm
+from structinit.training.memory import memory_report
 from structinit.training.steps import steps_per_epoch
 
 
@@ -43,10 +45,8 @@ def _announce_memory(model, test_set, batch: int, micro_batch: int | None, dtype
     whether it fits), for this process's share of the batch; no data term (the images stream
     from disk). Probed on test images: their transform is deterministic (no RNG drawn), and the
     evaluation crop has the training crop's size."""
-    from structinit.training.trainer import _announce_memory as announce
-
     sample = torch.stack([test_set[i][0] for i in range(min(8, len(test_set)))])
-    announce([model], sample, batch, micro_batch, dtype, device, data_bytes=0)
+    print(memory_report([model], sample, batch, micro_batch, dtype, device, data_bytes=0))
 
 
 def default_workers() -> int:
@@ -61,10 +61,13 @@ def default_workers() -> int:
 def train_streamed(model: torch.nn.Module, train_set: SeededAugmentation, test_set, cfg: TrainConfig, *,
                    ctx: DistributedContext | None = None, checkpoint_path: str | Path | None = None,
                    fingerprint: dict | None = None, workers: int | None = None, eval_batch: int = 256,
-                   micro_batch: int | None = None, on_epoch_end=None, progress: bool = True) -> list[dict]:
+                   micro_batch: int | None = None, on_epoch_end=None, progress: bool = True,
+                   dtype: str | None = None) -> list[dict]:
     """Train `model` in place; returns one metrics dict per epoch (the on-device trainer's keys).
     micro_batch: images per forward pass in each process (gradients accumulated over the
     process's share of the batch: the same step, in less memory; None = all at once).
+    dtype: what the run computes in, as the caller decided it (common.compute_dtype); None:
+    decided here, without the model (see below).
     on_epoch_end(metrics) runs on rank 0 only, for restored epochs first."""
     ctx = ctx or DistributedContext()
     if micro_batch is not None and micro_batch < 1:
@@ -81,12 +84,10 @@ def train_streamed(model: torch.nn.Module, train_set: SeededAugmentation, test_s
     total_steps, warmup_steps = schedule_steps(cfg, n_steps)
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=lr_cfg.lr, eps=cfg.adam_eps,
                             fused=device.type == "cuda")
-    # amp='auto' resolved once. Without the model: this trainer has always autocast models with
-    # BatchNorm too (which the on-device trainer keeps in fp32 on CPUs; on GPUs both use bf16),
-    # and passing it would change what such a run computes on a CPU with native bf16.
-    resolved, dtype = resolve_amp(cfg, device)
+    # Decided once, here without the model: this trainer autocasts models with BatchNorm too
+    # (which the on-device trainer keeps in fp32 on CPUs; on GPUs both use bf16).
+    dtype = dtype or compute_dtype(cfg, device)
     fingerprint = checkpoint_fingerprint(cfg, dtype, fingerprint)      # the recipe as given, amp unresolved
-    cfg = resolved
     # Rank 0 restores first (moving a damaged checkpoint aside), then the others read what it
     # left: every process starts from the same epoch.
     history = (_restore(model, opt, checkpoint_path, fingerprint, cfg.epochs, device, announce=True)
@@ -132,7 +133,7 @@ def train_streamed(model: torch.nn.Module, train_set: SeededAugmentation, test_s
                 # DDP averages gradients over processes on the last part's backward only
                 last = j == len(parts) - 1
                 with contextlib.nullcontext() if last or not ctx.enabled else ddp.no_sync():
-                    with autocast(cfg, device):
+                    with autocast(device, dtype):
                         logits = ddp(xm)
                     part_loss = (soft_target_loss(logits.float(), tm) if mixup is not None  # smoothing is in tm
                                  else F.cross_entropy(logits.float(), tm, label_smoothing=cfg.label_smoothing))
@@ -158,7 +159,7 @@ def train_streamed(model: torch.nn.Module, train_set: SeededAugmentation, test_s
                    "images_per_s": seen / train_seconds}
         if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
             t = time.perf_counter()
-            metrics.update(evaluate_streamed(model, test_set, cfg, ctx=ctx, device=device,
+            metrics.update(evaluate_streamed(model, test_set, ctx=ctx, device=device, dtype=dtype,
                                              batch_size=eval_batch, workers=workers))
             metrics["seconds"] += time.perf_counter() - t
         history.append(metrics)
@@ -177,14 +178,14 @@ def train_streamed(model: torch.nn.Module, train_set: SeededAugmentation, test_s
 
 
 @torch.no_grad()
-def evaluate_streamed(model, test_set, cfg: TrainConfig, *, ctx: DistributedContext, device,
+def evaluate_streamed(model, test_set, *, ctx: DistributedContext, device, dtype: str,
                       batch_size: int, workers: int) -> dict:
     """Test loss and accuracy over the whole test set, each process taking its share."""
     model.eval()
     sums = torch.zeros(3, device=device, dtype=torch.float64)
     for x, y in test_loader(test_set, ctx, batch_size, workers):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with autocast(cfg, device):
+        with autocast(device, dtype):
             logits = model(x)
         sums += torch.stack([F.cross_entropy(logits.float(), y, reduction="sum").double(),
                              (logits.argmax(-1) == y).sum().double(),
@@ -209,7 +210,7 @@ def _mixup(cfg: TrainConfig, num_classes: int, ctx: DistributedContext):
 
 def _restore(model, opt, path, fingerprint: dict, epochs: int, device, announce: bool) -> list[dict]:
     """The finished epochs' history, with model and optimizer restored, if `path` holds a sound
-    checkpoint of this run (common.restore_checkpoint); [] otherwise. announce: say so (rank 0)."""
+    checkpoint of this run (checkpoint.restore_checkpoint); [] otherwise. announce: say so (rank 0)."""
     def load(state: dict) -> list[dict]:
         history = state["history"]
         model.load_state_dict(state["model"])

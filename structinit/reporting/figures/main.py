@@ -3,8 +3,8 @@
 Left: each seed's final test accuracy per initializer, a thin line joining the same seed across
 the arms (the comparison is paired by seed: parallel lines = a consistent difference, crossing
 lines = one that the seeds do not agree on), the mean as a short bar, and the paper's number
-as a cross where the dataset is one of the paper's. Right, where the epoch benchmark ran on
-this dataset (benchmarks/epochs.csv): each arm's mean final accuracy against the epoch
+as a cross where the dataset is one of the paper's. Right, where the epoch evidence measured
+this dataset and is fresh (results/evidence/epoch_budget): each arm's mean final accuracy against the epoch
 budget, the default's budget marked, so a reader sees what a shorter run would have said; its
 title names the CPU and dtype the budgets ran with (several, if they differ).
 """
@@ -22,7 +22,7 @@ from structinit.reporting.presentation import init_color, init_label
 def main_figure(runs: pd.DataFrame, dataset: str, inits: list[str], budgets: pd.DataFrame | None = None,
                 epochs: int | None = None):
     """runs: dataset, init, seed, acc (%), one row per trained run. budgets: the epoch
-    benchmark's final accuracies (init, budget, seed, test_acc) on this dataset, or None."""
+    evidence's final accuracies (init, budget, seed, test_acc) on this dataset, or None."""
     rows = runs[runs.dataset == dataset]
     inits = [i for i in inits if i in set(rows.init)]
     with_budgets = budgets is not None and not budgets.empty
@@ -66,7 +66,7 @@ def main_figure(runs: pd.DataFrame, dataset: str, inits: list[str], budgets: pd.
         ax.set_ylabel("final test accuracy (%)")
         seeds = budgets.seed.nunique()
         ax.set_title("mean final accuracy against the epoch budget\n"
-                     f"(benchmarks/epochs.py; n = {seeds} seeds, bars ± std)\n{budget_machines(budgets)}",
+                     f"(stage epoch_budget; n = {seeds} seeds, bars ± std)\n{budget_machines(budgets)}",
                      fontsize=9)
         ax.grid(alpha=0.3, linewidth=0.5)
         ax.legend(frameon=False, fontsize=7)
@@ -88,7 +88,7 @@ def write_main_figures(runs: pd.DataFrame, datasets: list[str], inits: list[str]
                        budgets: dict[str, pd.DataFrame] | None = None,
                        epochs: dict[str, int] | None = None) -> list[Path]:
     """<out_dir>/<dataset>.png per dataset; PNGs of datasets no longer in the grid are removed.
-    budgets / epochs: per dataset, the epoch benchmark's finals and the budget that ran."""
+    budgets / epochs: per dataset, the epoch evidence's finals and the budget that ran."""
     out_dir = Path(out_dir)
     paths = [out_dir / f"{d}.png" for d in datasets]
     for d, path in zip(datasets, paths):

@@ -1,11 +1,9 @@
-"""Replication check: retrain the main table on a disjoint set of seeds and test each of
-reports/main_table.md's conclusions on it.
+"""Replication check: the main table's planned conclusions tested again on a disjoint set of
+seeds, made by the frozen stage replication (stages/replication.py: results/evidence/replication/).
 
-    python -m benchmarks.replication [--seeds 5 6 7 8 9] [--keep]
-
-Copies the working tree (code, params.yaml, dvc.lock, prepared data; no results) into a temporary
-folder, sets grid.seeds to the new seeds there, runs the real `dvc repro aggregate`, and
-compares reports/conclusions/main_table.json of both runs pair by pair:
+The stage trains the main table on new seeds (the real `dvc repro aggregate`, in a scratch
+copy of the repository: tools/scratch.py) and compares reports/conclusions/main_table.json of
+both runs pair by pair:
   confirmed      the same significant direction on the new seeds
   not replicated significant before, not distinguishable now
   reversed       significant in the opposite direction
@@ -15,40 +13,16 @@ Beside each verdict: each half's estimate and 95 % interval, and the two halves 
 both seed sets, paired by seed), labelled post hoc: pooling was decided after both were seen.
 Each half's CPU, dtype and package versions (what its runs logged) head the table. The
 replication's per-seed outputs (metrics, params, init record and test curve of every run) are
-kept in benchmarks/replication/, so that the pooled figures can be recomputed
-(--again JSON recomputes them from there).
-Prints the table and last `confirmed: <k> of <m> stated differences`.
+kept beside the report (keep_outputs), so that the pooled figures can be recomputed.
 """
-import argparse
 import json
-import os
 import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import yaml
 from tabulate import tabulate
 
-REPO = Path(__file__).resolve().parents[1]
-KEPT = "benchmarks/replication"          # the replication's per-seed outputs (results/train/<cell>/seed<s>/)
 KEEP_FILES = ("metrics.json", "params.yaml", "init.json", "plots/metrics/test/acc.tsv")
-
-
-def copy_tree(dest: Path) -> None:
-    """Code, params, dvc.lock and the prepared data: with the lock, DVC sees the download
-    stages as done (no second download) and re-runs the main table's stages, one per cell,
-    each training all the new seeds stacked (reference_solve included)."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO,
-                           capture_output=True, text=True, check=True).stdout.split("\n")
-    for f in filter(None, files):
-        if f.split("/")[0] in ("results", "reports") or not (REPO / f).exists():
-            continue
-        (dest / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / f, dest / f)
-    if (REPO / "data/prepared").exists():
-        shutil.copytree(REPO / "data/prepared", dest / "data/prepared", dirs_exist_ok=True)
 
 
 def verdict(before: str, after: str) -> str:
@@ -57,66 +31,6 @@ def verdict(before: str, after: str) -> str:
     if after == before:
         return "confirmed"
     return "not replicated" if after == "~" else "reversed"
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, nargs="+", help="default: as many as grid.seeds, after the largest")
-    ap.add_argument("--keep", action="store_true", help="keep the temporary copy (its path is printed)")
-    ap.add_argument("--out", default="benchmarks/replication.md", help="where the verdicts are written")
-    ap.add_argument("--again", type=Path, metavar="JSON",
-                    help="train nothing: compare with this replication's conclusions (a kept copy's "
-                         "reports/conclusions/main_table.json, run on --seeds)")
-    a = ap.parse_args()
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    seeds = params["grid"]["seeds"]
-    new = a.seeds or list(range(max(seeds) + 1, max(seeds) + 1 + len(seeds)))
-    if set(new) & set(seeds):
-        raise SystemExit(f"--seeds {new} overlap grid.seeds {seeds}: a replication needs disjoint seeds")
-    original = json.loads((REPO / "reports/conclusions/main_table.json").read_text())
-    if a.again is not None:
-        if not a.seeds:
-            ap.error("--again needs the --seeds that replication ran on")
-        again = json.loads(a.again.read_text())
-    else:
-        again = run_replication(params, new, a.keep)
-    kept = REPO / KEPT / "results/train"
-    both = halves(REPO / "results/train", kept, seeds, new)
-    text = replication_report(original, again, seeds, new, **both)
-    Path(a.out).write_text(text)
-    record = primary_record(original, again, seeds, new, both["values"], computed_on(kept, new), str(a.out))
-    Path(a.out).with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
-    print(text)
-
-
-def run_replication(params: dict, new: list, keep: bool) -> dict:
-    """Train the main table on seeds `new` in a copy of the repository (the real `dvc repro
-    aggregate`), keep its runs' small outputs in KEPT, return its main_table.json."""
-    tmp = Path(tempfile.mkdtemp(prefix="structinit-replication-"))
-    try:
-        repo = tmp / "repo"
-        copy_tree(repo)
-        params["grid"]["seeds"] = new
-        for study in params.get("studies", {}).values():   # a study's seeds are a subset of the grid's
-            if "seeds" in study:                           # (only the main table runs here)
-                study["seeds"] = new[:len(study["seeds"])]
-        (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-        env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-                   DVC_NO_ANALYTICS="1", STRUCTINIT_CKPT_DIR=str(repo / ".ckpt"),
-                   GIT_AUTHOR_NAME="replication", GIT_AUTHOR_EMAIL="replication@localhost",
-                   GIT_COMMITTER_NAME="replication", GIT_COMMITTER_EMAIL="replication@localhost")
-        # dvclive records the experiment's base commit, so the copy needs one
-        for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "replication"],
-                    ["dvc", "repro", "aggregate"]):
-            subprocess.run(cmd, cwd=repo, env=env, check=True)
-        again = json.loads((repo / "reports/conclusions/main_table.json").read_text())
-        keep_outputs(repo / "results/train", REPO / KEPT / "results/train")
-    finally:
-        if keep:
-            print(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return again
 
 
 def keep_outputs(results: Path, dest: Path) -> None:
@@ -192,7 +106,7 @@ def _pooled(values: tuple, family: str, a: str, b: str) -> str:
 
 
 def primary_record(original: dict, again: dict, seeds: list, new: list, values: tuple | None = None,
-                   computed_on: str = "", report: str = "benchmarks/replication.md") -> dict:
+                   computed_on: str = "", report: str = "results/evidence/replication/replication.md") -> dict:
     """The primary contrast of each dataset, both halves and pooled, as data: what the main
     table's headline quotes (structinit.reporting.main_report.replication_sentence), beside
     the markdown report. computed_on: what the replication's runs computed in and on."""
@@ -240,7 +154,7 @@ def replication_report(original: dict, again: dict, seeds: list, new: list, valu
         rows.append([c["family"], c.get("role", ""), f"{c['a']} vs {c['b']}", _stated(c), _half(c), _stated(d),
                      _half(d), pooled, v])
     where = "".join(f"\n- seeds {s}: {r or 'no runs found'}" for s, r in zip((seeds, new), ran) if any(ran))
-    return (f"# Replication of the main table's planned conclusions (python -m benchmarks.replication)\n\n"
+    return (f"# Replication of the main table's planned conclusions (stage replication)\n\n"
             f"Seeds {seeds} (reports/) vs {new} (replication, disjoint). Test: {original['test']}.\n"
             + (f"\nWhat each half ran on:{where}\n" if where else "") +
             "\nEach half: its verdict, the mean paired difference (points) and its 95 % interval (unadjusted). "
@@ -252,5 +166,3 @@ def replication_report(original: dict, again: dict, seeds: list, new: list, valu
             + f"\n\nconfirmed: {confirmed} of {stated} stated differences\n")
 
 
-if __name__ == "__main__":
-    main()

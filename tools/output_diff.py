@@ -1,6 +1,6 @@
 """Which pipeline outputs a change altered: the check behind "behaviour must not change".
 
-    python -m benchmarks.output_diff REV [--renamed new=old ...]
+    python -m tools.output_diff REV [--renamed new=old ...]
 
 Compares the output hashes of `dvc.lock` at git revision REV with the working tree's
 `dvc.lock` (after a `dvc repro`), then every committed file under results/ and reports/ that

@@ -1,16 +1,13 @@
-"""The softness law (structinit/init/softness.py): data, fit, and check on held-out shapes.
+"""The softness law (structinit/init/softness.py): data, fit, and check on held-out shapes,
+made by the frozen stage softness_law (stages/softness_law.py: results/evidence/softness_law/).
 
-    python -m benchmarks.softness_law            # refit from benchmarks/softness_law.csv
-    python -m benchmarks.softness_law --run      # re-run the official solver on every shape
-                                                 # first (minutes; rewrites the CSV)
-
-The CSV holds the official solver's mean target mass (10,000 Adam steps, P pseudo-input)
-on FIT shapes (28), none of which is in params.yaml, and on HELD_OUT shapes: every model shape
-the pipeline and its studies use, plus ViT-B/16. The law is fitted on FIT rows only; the
-table shows, for every row, the law's mass, the closed form's mass at that shape (same
-offsets) and the official one. Last line: `max held-out error: <e>`; the goal is <= 0.03.
+softness_law.csv holds the official solver's mean target mass (10,000 Adam steps, P
+pseudo-input) on FIT shapes (28), none of which is in params.yaml, and on HELD_OUT shapes:
+every model shape the pipeline and its studies use, plus ViT-B/16. The law is fitted on FIT
+rows only; the table shows, for every row, the law's mass, the closed form's mass at that shape
+(same offsets) and the official one. Its last line: `max held-out error: <e>`; the goal is
+<= 0.03. tests/test_solvers.py checks that softness.COEFFICIENTS are the fit of this data.
 """
-import argparse
 import csv
 import math
 from pathlib import Path
@@ -20,7 +17,6 @@ from tabulate import tabulate
 
 from structinit.init import softness, solve_impulse_qk
 
-CSV = Path(__file__).with_name("softness_law.csv")
 # (grid side, width, heads, kernel, seed)
 FIT = [(6, 48, 3, 3, 0), (6, 64, 2, 3, 0), (6, 96, 4, 3, 0), (8, 32, 2, 3, 0), (8, 32, 4, 3, 0),
        (8, 64, 2, 5, 0), (8, 64, 4, 3, 0), (8, 96, 2, 3, 0), (8, 96, 6, 3, 0), (8, 128, 4, 3, 0),
@@ -38,7 +34,7 @@ HELD_OUT = [(8, 48, 3, 3, 0), (8, 48, 3, 3, 1), (8, 48, 3, 3, 2), (8, 48, 3, 5, 
             (14, 768, 12, 3, 0)]                                    # ViT-B/16
 
 
-OTHER_PSEUDO_INPUTS = ("U", "G", "A")
+OTHER_PSEUDO_INPUTS = ("U", "G", "A", "B")
 
 
 def official(shape, pseudo_input="P"):
@@ -47,8 +43,31 @@ def official(shape, pseudo_input="P"):
     return sol.target_mass, sol.fit_mse
 
 
-def read_csv():
-    with open(CSV) as f:
+HEADER = ["grid", "embed_dim", "num_heads", "kernel", "seed", "pseudo_input", "official_mass", "official_mse"]
+
+
+def solve_rows(log=print) -> list[list]:
+    """The official solver on every shape (about half an hour on 2 cores): the CSV's rows."""
+    rows = []
+    for shape in FIT + HELD_OUT:
+        m, mse = official(shape)
+        rows.append([*shape, "P", f"{m:.4f}", f"{mse:.6f}"])
+        log(f"{shape} official mass {m:.4f}")
+    for kind in OTHER_PSEUDO_INPUTS:            # the law is for P; these show how far off
+        m, mse = official((8, 48, 3, 3, 0), pseudo_input=kind)
+        rows.append([8, 48, 3, 3, 0, kind, f"{m:.4f}", f"{mse:.6f}"])
+    return rows
+
+
+def write_csv(path: Path, rows: list[list]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(HEADER)
+        w.writerows(rows)
+
+
+def read_csv(path: Path):
+    with open(path) as f:
         return {(int(r["grid"]), int(r["embed_dim"]), int(r["num_heads"]), int(r["kernel"]),
                  int(r["seed"])): float(r["official_mass"]) for r in csv.DictReader(f)
                 if r["pseudo_input"] == "P"}
@@ -61,32 +80,13 @@ def fit(data):
     return np.linalg.lstsq(x, y, rcond=None)[0]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run", action="store_true", help="re-run the official solver on every shape")
-    a = ap.parse_args()
-    masses = read_csv() if CSV.exists() else {}
-    if a.run:
-        rows = []
-        for shape in FIT + HELD_OUT:
-            m, mse = official(shape)
-            masses[shape] = m
-            rows.append([*shape, "P", f"{m:.4f}", f"{mse:.6f}"])
-            print(shape, f"official mass {m:.4f}", flush=True)
-        for kind in OTHER_PSEUDO_INPUTS:            # the law is for P; these show how far off
-            m, mse = official((8, 48, 3, 3, 0), pseudo_input=kind)
-            rows.append([8, 48, 3, 3, 0, kind, f"{m:.4f}", f"{mse:.6f}"])
-        with open(CSV, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["grid", "embed_dim", "num_heads", "kernel", "seed", "pseudo_input",
-                        "official_mass", "official_mse"])
-            w.writerows(rows)
+def law_table(masses: dict) -> str:
+    """The fit on FIT, the library's COEFFICIENTS beside it, and every row's official, law and
+    closed-form mass; last line `max held-out error: <e>`."""
     missing = [s for s in FIT + HELD_OUT if s not in masses]
     if missing:
-        raise SystemExit(f"no official mass for {missing}; run with --run")
+        raise ValueError(f"no official mass for {missing}: run the softness_law stage")
     coef = fit([(s, masses[s]) for s in FIT])
-    print("fitted coefficients:", ", ".join(f"{c:.4f}" for c in coef),
-          f"(in the library: {', '.join(f'{c:.4f}' for c in softness.COEFFICIENTS)})")
     table, held_err = [], []
     for part, shapes in (("fit", FIT), ("held out", HELD_OUT)):
         for s in shapes:
@@ -97,10 +97,16 @@ def main():
                 held_err.append(abs(fast - masses[s]))
             table.append([part, f"{g}x{g}", c, h, k, seed, f"{masses[s]:.3f}", f"{law:.3f}",
                           f"{fast:.3f}", f"{fast - masses[s]:+.3f}"])
-    print(tabulate(table, headers=["", "grid", "width", "heads", "kernel", "seed", "official",
-                                   "law", "closed form", "closed - official"], tablefmt="github"))
-    print(f"max held-out error: {max(held_err):.3f}")
+    return ("fitted coefficients: " + ", ".join(f"{c:.4f}" for c in coef)
+            + f" (in the library: {', '.join(f'{c:.4f}' for c in softness.COEFFICIENTS)})\n\n"
+            + tabulate(table, headers=["", "grid", "width", "heads", "kernel", "seed", "official",
+                                       "law", "closed form", "closed - official"], tablefmt="github")
+            + f"\n\nmax held-out error: {max(held_err):.3f}\n")
 
 
-if __name__ == "__main__":
-    main()
+def disagreements(masses: dict, reference: dict) -> list[str]:
+    """The CSV's rows against the pipeline's own official solves (reference_solve's records:
+    {(grid, width, heads, kernel, seed): target mass}) at the shapes both hold, to the CSV's
+    4 decimals: "" for each that agrees, else what differs."""
+    return [f"{s}: csv {masses[s]:.4f}, reference_solve {m:.4f}" for s, m in reference.items()
+            if s in masses and round(m, 4) != masses[s]]

@@ -1,44 +1,35 @@
 """How many epochs the paper's recipe needs on the embedded default (digits): the evidence
-behind `recipes.digits.train.epochs`.
-
-    python -m benchmarks.epochs --budgets 80 320 --from-cells   # the committed file (~2 h on 2 cores)
-    python -m benchmarks.epochs                                 # every budget trained here: 40 80 160 320
-    python -m benchmarks.epochs --budgets 640 --add             # one budget more, keeping <out>.csv's others
-    python -m benchmarks.epochs --budgets 160 --inits impulse3 --out benchmarks/epochs_cells_check  # the check
+behind `recipes.digits.train.epochs`, made by the frozen stage epoch_budget (stages/epoch_budget.py:
+results/evidence/epoch_budget/; how to run it: docs/pipeline.md).
 
 Trains the digits recipe of params.yaml (the paper's optimizer, eps, clipping, label
 smoothing, weight decay) at each epoch budget as a complete run: warm-up 5 % of the budget
 (the paper's 10 of 200), cosine to min_lr at the end of *that* budget, warm-up replacing the
-cosine's start (`warmup_prefix: false`, the paper's timm default; `--warmup-prefix` for the
-other). Each arm's seeds (the main grid's, `grid.seeds`, by default) train stacked in one call,
-as the pipeline's cells do, so a budget here is what the pipeline would train at that budget on
-this CPU; an arm at one seed is the same initial model at every budget.
+cosine's start (`warmup_prefix: false`, the paper's timm default). Each arm's seeds (the main
+grid's, `grid.seeds`) train stacked in one call through the library's trainer (train_models),
+as the pipeline's cells do, so a budget here is what the pipeline would train at that budget
+on this CPU; an arm at one seed is the same initial model at every budget.
 
---from-cells takes the pipeline's own budget from its cells (results/train, `dvc repro`)
-instead of training it again. The last command above checks that this is the same: it trains
-the pipeline's budget here and compares each evaluated epoch with the cells (pipeline_check).
+The pipeline's own budget is read from its cells (results/train: cells_curves) instead of
+trained again; cells_check is the check that this is the same: it trains the pipeline's budget
+here for one arm and compares each evaluated epoch with the cells (pipeline_check, same_runs).
 
 Criterion (issue 26): a budget B is converged when doubling it moves no arm's mean final
-accuracy by more than `--tolerance` points (1 by default). Writes benchmarks/epochs.csv (test
-accuracy at every evaluated epoch, per arm, budget and seed, each row naming the CPU, dtype and
-stacking it ran with) and benchmarks/epochs.md (the tables and the verdict, what docs/pipeline.md
-quotes); prints the same.
+accuracy by more than `tolerance` points (1 by default; structinit/reporting/budget.py).
+epochs.csv holds the test accuracy at every evaluated epoch, per arm, budget and seed, each
+row naming the CPU, dtype and stacking it ran with; epochs.md the tables and the verdict.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import pandas as pd
-import torch
 import yaml
 from tabulate import tabulate
 
-from structinit import TrainConfig, initialize, prepare_dataset, train_models
-from structinit.numerics import cpu_model
+from structinit import TrainConfig, initialize, train_models
 from structinit.pipeline.build import build_model
 from structinit.pipeline.cells import main_cell, parse_init
 from structinit.reporting.budget import budget_finals, converged_budget, doubling_moves
@@ -283,104 +274,10 @@ def report(curves: pd.DataFrame, tolerance: float, seeds: list[int], warmup_pref
                f"mean by more than {tolerance:g} point)." if chosen is not None else
                f"**No budget here is converged** by the criterion (no doubling within {tolerance:g} point)."
                if rows else "No budget here has its double, so the criterion judges none.")
-    return (f"#### Epoch budget on digits (`python -m benchmarks.epochs`)\n\n"
+    return (f"#### Epoch budget on digits (stage epoch_budget)\n\n"
             f"Final-epoch test accuracy (%), mean ± std over seeds {seeds} (n = {len(seeds)}); each budget a "
             f"complete run (warm-up 5 % of it, cosine to its end, warmup_prefix {warmup_prefix}); "
             f"{machines(curves, cpu)}.\n\n{table}\n\n" + (f"Doubling the budget:\n\n{moves}\n" if rows else "")
             + f"{beyond_tolerance(final, tolerance)}\n{verdict}\n"
             f"{contrast}{pipeline}\n"
             f"Test accuracy during the {budgets[-1]}-epoch runs (mean over seeds):\n\n{during}\n")
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--budgets", type=int, nargs="+", default=[40, 80, 160, 320])
-    ap.add_argument("--seeds", type=int, nargs="+",
-                    help="default: the main grid's (grid.seeds), stacked per arm as its cells are")
-    ap.add_argument("--inits", nargs="+", default=ARMS)
-    ap.add_argument("--warmup-prefix", action="store_true", help="cosine from the end of warm-up (not the paper's)")
-    ap.add_argument("--tolerance", type=float, default=1.0, help="points a doubling may move an arm's mean")
-    ap.add_argument("--out", default="benchmarks/epochs", help="writes <out>.csv and <out>.md")
-    ap.add_argument("--add", action="store_true",
-                    help="keep <out>.csv's other budgets (same seeds) and add or replace these")
-    ap.add_argument("--report-only", action="store_true",
-                    help="train nothing: rewrite <out>.md from <out>.csv (this machine's CPU named where the "
-                         "file names none); with --from-cells, <out>.csv too")
-    ap.add_argument("--stacking", choices=STACKINGS, default="cell",
-                    help="cell: each arm's seeds stacked together, as the pipeline's cells (default); "
-                         "all: every arm and seed in one run")
-    ap.add_argument("--cells", type=Path, default=Path("results/train"),
-                    help="the pipeline's main-grid cells: compared with the runs here at their budget and "
-                         "its double (see pipeline_check)")
-    ap.add_argument("--from-cells", action="store_true",
-                    help="take the cells' own budget (recipes.digits.train.epochs when they ran) from --cells "
-                         "instead of training it: the pipeline's own runs")
-    a = ap.parse_args()
-    here = f"{cpu_model()}, {torch.get_num_threads()} threads"
-    with open("params.yaml") as f:
-        params = yaml.safe_load(f)
-    a.seeds = a.seeds or params["grid"]["seeds"]
-    if unknown := sorted(set(a.inits) - set(ARMS)):
-        ap.error(f"--inits {unknown}: not main-grid arms; choose among {ARMS}")
-    if a.from_cells and not a.report_only:
-        try:                                         # missing cells: said before any training
-            cells_budget = int(cells_curves(a.cells, a.inits, a.seeds).budget.iloc[0])
-        except FileNotFoundError as e:
-            ap.error(str(e))
-        if cells_budget in a.budgets:
-            ap.error(f"--budgets {a.budgets} --from-cells: {cells_budget} is the cells' budget, read from "
-                     f"{a.cells}; train it here without --from-cells")
-    primary = tuple(x.strip().replace("ours", f"impulse{params['init']['kernel']}")
-                    for x in params["contrasts"]["primary"].split(" vs "))
-    if a.report_only:
-        curves = pd.read_csv(f"{a.out}.csv")
-        if a.from_cells:
-            try:
-                curves = with_cells(with_source(curves), a.cells, list(dict.fromkeys(curves.init)),
-                                    sorted(int(x) for x in set(curves.seed)))
-            except FileNotFoundError as e:
-                ap.error(str(e))
-            curves = curves.sort_values("budget", kind="stable").reset_index(drop=True)
-            curves.to_csv(f"{a.out}.csv", index=False)
-        text = report(curves, a.tolerance, sorted(curves.seed.unique().tolist()), a.warmup_prefix, here,
-                      pipeline_check(curves, a.cells, a.tolerance), primary)
-        Path(f"{a.out}.md").write_text(text)
-        print(text)
-        return
-    if len(a.seeds) < 3:
-        ap.error(f"--seeds {a.seeds}: the criterion needs at least 3 seeds")
-    rec = params["recipes"]["digits"]
-    data = prepare_dataset("digits")
-    frames = []
-    if a.add and Path(f"{a.out}.csv").exists():
-        kept = pd.read_csv(f"{a.out}.csv")
-        kept = with_source(kept[~kept.budget.isin(a.budgets)])
-        if "cpu" not in kept:
-            ap.error(f"--add: {a.out}.csv does not say which CPU its budgets ran on (no cpu column); "
-                     "add one naming that machine, or re-run every budget here")
-        if set(kept.seed) != set(a.seeds) or set(kept.init) != set(a.inits):
-            ap.error(f"--add: {a.out}.csv holds seeds {sorted(set(kept.seed))} and arms "
-                     f"{sorted(set(kept.init))}; add budgets with the same --seeds and --inits")
-        frames.append(kept)
-    for b in sorted(a.budgets):
-        t0 = time.perf_counter()
-        frames.append(run_budget(data, rec, a.inits, a.seeds, b, a.warmup_prefix, here, a.stacking))
-        final = budget_finals(frames[-1])
-        print(f"{b} epochs ({time.perf_counter() - t0:.0f} s): " + ", ".join(
-            f"{init_label(i)} {g.test_acc.mean():.2f}" for i, g in final.groupby("init", sort=False)), flush=True)
-        # Saved as each budget ends: an interrupted run keeps the budgets it finished.
-        pd.concat(frames, ignore_index=True).to_csv(f"{a.out}.partial.csv", index=False)
-    curves = pd.concat(frames, ignore_index=True)
-    if a.from_cells:
-        curves = with_cells(curves, a.cells, a.inits, a.seeds)
-    curves = curves.sort_values("budget", kind="stable").reset_index(drop=True)
-    text = report(curves, a.tolerance, a.seeds, a.warmup_prefix, here, pipeline_check(curves, a.cells, a.tolerance),
-                  primary)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    curves.to_csv(f"{a.out}.csv", index=False)
-    Path(f"{a.out}.md").write_text(text)
-    print(text)
-
-
-if __name__ == "__main__":
-    main()

@@ -2,13 +2,13 @@
 headline's own convergence line, generated from the files the pipeline wrote. Not a pipeline
 stage: a refresher for the README, run after `dvc repro`.
 
-    python -m benchmarks.readme_answer            # print it; exit 1 if the file or a page is stale
-    python -m benchmarks.readme_answer --write    # write benchmarks/readme_answer.md, refresh every page's blocks
+    python -m tools.readme_answer            # print it; exit 1 if the file or a page is stale
+    python -m tools.readme_answer --write    # write docs/includes/readme_answer.md, refresh every page's blocks
 
 Reads reports/conclusions/main_table.json (the primary contrast at the final epoch and the
 speed endpoint, each with its paired interval and verdict), reports/summary.json (each arm's
 mean, std, interval and n), reports/headline.md (its "Epoch budget" line, quoted verbatim) and
-params.yaml (the epoch budget), and writes benchmarks/readme_answer.md, which the README quotes
+params.yaml (the epoch budget), and writes docs/includes/readme_answer.md, which the README quotes
 in an include block (structinit/reporting/readme.py). The sentence is built from the verdicts,
 not typed: a re-run whose conclusions differ says so in other words.
 
@@ -35,7 +35,7 @@ from structinit.reporting import readme
 from structinit.reporting.presentation import init_label
 
 REPO = Path(__file__).resolve().parents[1]
-OUT = "benchmarks/readme_answer.md"
+OUT = "docs/includes/readme_answer.md"
 SOURCES = ("reports/conclusions/main_table.json", "reports/summary.json", "reports/headline.md", "params.yaml")
 DATASET_NAMES = {"digits": "8×8 digits", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "svhn": "SVHN",
                  "imagenet": "ImageNet-1K"}
@@ -120,7 +120,7 @@ def table(summary: dict, headline: str) -> str:
 
 
 def generate(read) -> str:
-    """benchmarks/readme_answer.md from the files `read(path)` returns."""
+    """docs/includes/readme_answer.md from the files `read(path)` returns."""
     conclusions = json.loads(read("reports/conclusions/main_table.json"))["conclusions"]
     summary = json.loads(read("reports/summary.json"))
     params = yaml.safe_load(read("params.yaml"))
@@ -141,7 +141,7 @@ def generate(read) -> str:
             f"difference to {init_label(REFERENCE)}; 95 % interval of the mean. Imp.-k: the structured init "
             f"(the paper's method) with k×k filters; {init_label(headline)}, params.yaml's init.kernel, is the row "
             f"the sentence tests.")
-    parts = [f"<!-- written by `python -m benchmarks.readme_answer --write` from {', '.join(SOURCES)} -->",
+    parts = [f"<!-- written by `python -m tools.readme_answer --write` from {', '.join(SOURCES)} -->",
              "\n\n".join(sentences), table(summary, headline), note, *budget]
     return "\n\n".join(parts) + "\n"
 
@@ -168,6 +168,7 @@ def stale(root: Path = REPO) -> list[str]:
 
 def write(root: Path = REPO) -> None:
     """The answer file, then every page's include blocks (readme.PAGES) refreshed."""
+    (root / OUT).parent.mkdir(parents=True, exist_ok=True)
     (root / OUT).write_text(generate(_reader(root, committed=False)))
     for page in readme.PAGES:
         (root / page).write_text(readme.refreshed((root / page).read_text(), root))

@@ -1,11 +1,12 @@
 """A quick look: the real pipeline on a reduced budget, in a temporary copy, in minutes.
 
-    ./run.sh quick                          # the same as: python -m benchmarks.quick
-    python -m benchmarks.quick --dry-run    # what it would run, and the time it expects; trains nothing
-    python -m benchmarks.quick --epochs 40 --seeds 0 1 2 --arms trunc_normal impulse3 -S data.train_size=0.5
+    ./run.sh quick                          # the same as: python -m tools.quick
+    python -m tools.quick --dry-run         # what it would run, and the time it expects; trains nothing
+    python -m tools.quick --epochs 40 --seeds 0 1 2 --arms trunc_normal impulse3 -S data.train_size=0.5
 
 Copies the working tree (code and params.yaml; no results, reports, models or DVC lock: as
-if nothing had run) into a temporary folder, writes a reduced budget into the copy's
+if nothing had run) into a temporary folder (tools/scratch.py, the one way to run the pipeline
+in a scratch copy), writes a reduced budget into the copy's
 params.yaml (default: 30 epochs instead of the recipe's 160, with its 5 % warm-up; seeds 0
 and 1; the main grid's arms; the test set every epoch; every study off; the speed endpoint
 at half the budget), checks it as `check_params` would, and runs `dvc repro aggregate curves`
@@ -24,25 +25,22 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from tools import scratch
+
+REPO = scratch.REPO
 DATASET = "digits"
 EPOCHS = 30                       # of the recipe's 160: the curves leave the plateau before it ends
 SEEDS = [0, 1]
 SPEED_FRACTION = 0.5              # the speed endpoint at half the budget (the pipeline's 1/8 of 30
                                   # epochs is epoch 4, inside the plateau where the arms all sit at chance)
 TARGETS = ("aggregate", "curves")
-SKIPPED = ("results", "reports", "dvc.lock", "artifacts", "models", "data", "logs")   # as if nothing had run
 STAGE = re.compile(r"Running stage '([^']+)'")
 CHANCE = 12.5                     # % test accuracy: 10 classes, so 8-12 % is chance
 BARS = "▁▂▃▄▅▆▇█"
@@ -185,39 +183,23 @@ def estimate_seconds(p: dict, rate: float | None) -> float | None:
 
 # ---- the run ----------------------------------------------------------------------------------
 
-def copy_repository(dest: Path) -> None:
-    """The working tree's files (tracked, and untracked but not ignored), without any output."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO,
-                           capture_output=True, text=True, check=True).stdout.split("\n")
-    for f in filter(None, files):
-        if f.split("/")[0] in SKIPPED or not (REPO / f).is_file():
-            continue
-        (dest / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / f, dest / f)
-
-
 def run_pipeline(repo: Path, verbose: bool, log: Path) -> int:
     """`dvc repro aggregate curves` in the copy, printing each stage as it starts."""
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               DVC_NO_ANALYTICS="1", STRUCTINIT_CKPT_DIR=str(repo / ".ckpt"),
-               GIT_AUTHOR_NAME="quick", GIT_AUTHOR_EMAIL="quick@localhost",
-               GIT_COMMITTER_NAME="quick", GIT_COMMITTER_EMAIL="quick@localhost")
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "quick look"]):
-        subprocess.run(cmd, cwd=repo, env=env, check=True, stdout=subprocess.DEVNULL)   # dvclive wants a commit
+    env = scratch.pipeline_env(repo, "quick")
+    scratch.commit(repo, "quick look", env)
     start = time.monotonic()
-    with open(log, "w") as out, subprocess.Popen(["dvc", "repro", *TARGETS], cwd=repo, env=env, text=True,
-                                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
-        for line in proc.stdout:
-            out.write(line)
-            if verbose:
-                print(line, end="", flush=True)
-            elif m := STAGE.search(line):
-                elapsed = int(time.monotonic() - start)
-                print(f"  [{elapsed // 60:2d}:{elapsed % 60:02d}] {m[1]}", flush=True)
+
+    def said(line: str) -> None:
+        if verbose:
+            print(line, end="", flush=True)
+        elif m := STAGE.search(line):
+            elapsed = int(time.monotonic() - start)
+            print(f"  [{elapsed // 60:2d}:{elapsed % 60:02d}] {m[1]}", flush=True)
+    code = scratch.run_dvc(repo, "repro", *TARGETS, env=env, on_line=said, log=log)
     elapsed = int(time.monotonic() - start)
-    print(f"  [{elapsed // 60:2d}:{elapsed % 60:02d}] done" if proc.returncode == 0 else
-          f"  dvc repro failed (exit {proc.returncode}) after {elapsed} s", flush=True)
-    return proc.returncode
+    print(f"  [{elapsed // 60:2d}:{elapsed % 60:02d}] done" if code == 0 else
+          f"  dvc repro failed (exit {code}) after {elapsed} s", flush=True)
+    return code
 
 
 # ---- after: what it learned -------------------------------------------------------------------
@@ -334,27 +316,20 @@ def main(argv=None):
                                                                                   "eval_every")}},
                              sort_keys=False), end="")
         return 0
-    tmp = Path(tempfile.mkdtemp(prefix="structinit-quick-"))
-    repo = tmp / "repo"
-    try:
-        copy_repository(repo)
+    with scratch.Scratch("quick", keep=a.keep) as s:
+        repo = scratch.copy_working_tree(s.repo)          # as if nothing had run: no outputs
         (repo / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
         print(f"\nRunning in {repo} ...", flush=True)
-        code = run_pipeline(repo, a.verbose, tmp / "dvc.log")
+        code = run_pipeline(repo, a.verbose, s.root / "dvc.log")
         if code:
-            print((tmp / "dvc.log").read_text()[-4000:], file=sys.stderr)
-            print(f"quick: dvc repro failed in the copy (its whole log: {tmp / 'dvc.log'}, kept)", file=sys.stderr)
-            a.keep = True
+            print((s.root / "dvc.log").read_text()[-4000:], file=sys.stderr)
+            print(f"quick: dvc repro failed in the copy (its whole log: {s.root / 'dvc.log'}, kept)", file=sys.stderr)
+            s.keep = True
             return code
         print()
         print(learned(repo, p))
         print()
         print(banner(p, default, fresh))
-    finally:
-        if a.keep:
-            print(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -1,12 +1,14 @@
 """GPU-hours of the paper's grid: counted FLOPs x images x epochs, at the rate a GPU was measured at.
 
-    python -m benchmarks.gpu_hours [--probe benchmarks/gpu_probe.md] [--seeds 5] [--study-seeds 3]
-                                   [--tflops T] [--decode 1000] [--paper-arms] [--write [benchmarks/gpu_hours.md]]
+    python -m tools.gpu_hours [--probe benchmarks/gpu_probe-<card>-<commit>.md] [--seeds 5] [--study-seeds 3]
+                              [--tflops T] [--decode 1000] [--write [docs/includes/gpu_hours.md]]
 
-The rate is measured, not assumed: the committed probe file (benchmarks/gpu_probe.md, written by
-`python -m benchmarks.gpu_probe` on a GPU, or by an equivalent script: its title says which)
-gives the images/s of ViT-T/2 trained end to end by the project's trainer with the paper's
-recipe (RandAugment, flips, batch 512, bf16) on the card it names, at the commit it names. That
+The rate is measured, not assumed: the committed probe file (by default tools/probe_file.py's
+PRICED, benchmarks/gpu_probe-h200-02d9857.md, written by `python -m benchmarks.gpu_probe` on a
+GPU: its title names the card, torch and the commit; one file per card and commit sits beside
+it, and probe_file.py says which one is priced) gives the images/s of ViT-T/2 trained end to end
+by the project's trainer with the paper's recipe (RandAugment, flips, batch 512, bf16) on the
+card it names, at the commit it names. That
 rate prices the rows that train that model with that recipe (CIFAR-10's main table, the
 pseudo-input study); every other row is labelled "assumed": CIFAR-100 and SVHN train the same
 ViT-T/2 (up to its head) at CIFAR-10's images/s, so their time scales by images; the other
@@ -16,14 +18,19 @@ bounded below by JPEG decoding as well: --decode is the images/s each GPU's CPU 
 (the official command: 10 workers per GPU). Evaluation, solves and data preparation are not
 counted. A probe file without that rate (a --tiny run, a part that failed) is refused.
 
+The grid is the paper's: its main table's five initializers (Kaiming Uniform, Trunc Normal,
+Mimetic, Imp.-3, Imp.-5) x --seeds on each of its four datasets, and its studies at the paper's
+sizes. An initializer params.yaml's grid trains beyond the paper's five (the project's sixth arm,
+Mimetic Q/K only) is priced on a line of its own, after the paper's total and outside it.
+
 FLOPs per training image (forward + backward) are counted on the very models the pipeline
 builds (torch's FlopCounterMode, one step of batch 2 on the meta device), per recipe in
-params.yaml. The counter counts the matrix products and convolutions (2 FLOPs per multiply-add), which are all but a
-fraction of a percent of the work; norms, activations, softmax and the optimizer step are not
+params.yaml. The counter counts the matrix products and convolutions (2 FLOPs per multiply-add),
+which are all but a fraction of a percent of the work; norms, activations, softmax and the optimizer step are not
 counted. Two of its gaps are closed here (see `count_train_flops`): attention runs as explicit
 matmuls, and grouped convolutions' gradients are counted per group. Prints a table per block of
 the grid, the total and the memory of a CIFAR cell (from the probe file); --write also writes it
-to benchmarks/gpu_hours.md, which docs/scaling-out.md quotes (python -m benchmarks.readme_answer --write refreshes it).
+to docs/includes/gpu_hours.md, which docs/scaling-out.md quotes (python -m tools.readme_answer --write refreshes it).
 """
 import argparse
 import copy
@@ -36,20 +43,21 @@ import torch
 from tabulate import tabulate
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks.gpu_probe import ProbeFileError, read_probe
-
 from structinit.config import FILTER_MODES, PSEUDO_INPUTS
 from structinit.data.specs import DATASETS, TRAIN_IMAGES
 from structinit.models import create_convmixer, create_vit
 from structinit.pipeline.cells import main_inits
-from structinit.pipeline.params import load_params
+from structinit.pipeline.load import load_params
 from structinit.reporting.paper import HEADS_WIDTH_INITS as PAPER_HEADS_WIDTH_INITS, MAIN as PAPER_MAIN
+from structinit.reporting.presentation import init_label
+from tools.probe_file import PRICED, REPO, ProbeFileError, read_probe
 
-# The main table is priced at the arms params.yaml's grid runs (what the documented GPU command,
-# -S 'grid.datasets=[digits,cifar10,cifar100,svhn]', trains: the default's six, the paper's five
-# and mimetic_qk); --paper-arms prices the paper's five. The studies are priced at the paper's
-# sizes, whatever params.yaml trims them to on digits, so their counts come from its tables.
+# The main table is priced at the paper's five initializers on its four datasets; an arm
+# params.yaml's grid adds (mimetic_qk, the project's sixth) is priced on a line of its own
+# (extra_arms). The studies are priced at the paper's sizes, whatever params.yaml trims them to
+# on digits, so their counts come from its tables.
 PAPER_MAIN_INITS = len(PAPER_MAIN)                  # Kaiming Uniform, Trunc Normal, Mimetic, Imp.-3, Imp.-5
+MAIN_DATASETS = ("cifar10", "cifar100", "svhn", "imagenet")    # the paper's main-table columns
 HEADS_WIDTH_INITS = len(PAPER_HEADS_WIDTH_INITS)    # Trunc Normal, Mimetic, Imp.-3
 # every (first-block pseudo-input, later blocks' pseudo-input, shared or per-layer solve)
 PSEUDO_INPUT_VARIANTS = len(PSEUDO_INPUTS) ** 2 * 2
@@ -119,10 +127,15 @@ def convmixer(size: dict) -> float:
     return count_train_flops(model, 32, 3)
 
 
+def extra_arms(params) -> list[str]:
+    """The main grid's initializers beyond the paper's five (params.yaml's grid: mimetic_qk)."""
+    return [init for init in main_inits(params) if init not in PAPER_MAIN]
+
+
 def basis_rows(a, params, probe: dict) -> tuple[list[list], float]:
     """[block, dataset, runs, GFLOP/img, epochs, img/s per GPU, basis, GPU-h per run, GPU-hours] per
-    block of the grid, and the TFLOP/s the measured ViT-T/2 reached."""
-    arms = PAPER_MAIN_INITS if a.paper_arms else len(main_inits(params))
+    block of the paper's grid, and the TFLOP/s the measured ViT-T/2 reached."""
+    arms = PAPER_MAIN_INITS
     measured_flops = vit("cifar10")
     reached = probe["rate"] * measured_flops / 1e12          # TFLOP/s of the measured run, counted
     tflops = a.tflops or reached
@@ -157,17 +170,38 @@ def basis_rows(a, params, probe: dict) -> tuple[list[list], float]:
     return rows, reached
 
 
+def arm_row(init: str, rows: list[list], seeds: int) -> list:
+    """One initializer beyond the paper's, `seeds` runs on each of the main table's datasets at
+    those rows' rates: one line of the table, outside the paper's total."""
+    per_run = {r[1]: r[-2] for r in rows if r[0].startswith("main table")}
+    return [f"{init_label(init)}, beyond the paper", f"the main table's {len(MAIN_DATASETS)}",
+            seeds * len(MAIN_DATASETS), None, None, None, "as the main table's rows", None,
+            seeds * sum(per_run[d] for d in MAIN_DATASETS)]
+
+
 def report(a, params, probe: dict) -> str:
     """The markdown gpu_hours prints and --write writes."""
     rows, reached = basis_rows(a, params, probe)
-    arms = PAPER_MAIN_INITS if a.paper_arms else len(main_inits(params))
+    arms = PAPER_MAIN_INITS
     total = sum(r[-1] for r in rows)
+    main_total = sum(r[-1] for r in rows if r[0].startswith("main table"))
+    main_runs = sum(r[2] for r in rows if r[0].startswith("main table"))
+    extra = {init: arm_row(init, rows, a.seeds) for init in extra_arms(params)}
     card = probe["card"]
-    grid = tabulate(rows + [["total", "", sum(r[2] for r in rows), None, None, None, "", None, total]],
+    grid = tabulate(rows + [["total: the paper's grid", "", sum(r[2] for r in rows), None, None, None, "", None, total]]
+                    + list(extra.values()),
                     headers=["block", "dataset", "runs", "GFLOP/img (train)", "epochs", "img/s per GPU", "rate",
                              "GPU-h per run", "GPU-hours"],
                     floatfmt=("", "", "", ".2f", "", ",.0f", "", ".2f", ".0f"), missingval="", tablefmt="github")
-    whose = "the paper's" if a.paper_arms else "params.yaml's grid"
+    paper_inits = ", ".join(init_label(i) for i in PAPER_MAIN)
+    imagenet = next(r for r in rows if r[1] == "imagenet")         # [.., GFLOP/img, epochs, .., h per run, ..]
+    tflops = a.tflops or reached
+    imagenet_compute = TRAIN_IMAGES["imagenet"] * imagenet[4] * imagenet[3] * 1e9 / (tflops * 1e12) / 3600
+    extra_lines = "".join(
+        f"- beyond the paper: {init_label(init)} (`{init}`, params.yaml's grid trains it beside the paper's "
+        f"five) is its own line, {a.seeds} seeds on each of the {len(MAIN_DATASETS)} datasets at the main table's "
+        f"rates: **{r[-1]:.0f}** GPU-hours more, outside the paper's total.\n"
+        for init, r in extra.items())
     others = (f"at --tflops {a.tflops:g}" if a.tflops else
               f"at the {reached:.1f} TFLOP/s the measured ViT-T/2 reached ({probe['rate']:,.0f} img/s x its "
               f"{vit('cifar10') / 1e9:.2f} counted GFLOP per image)")
@@ -183,10 +217,12 @@ def report(a, params, probe: dict) -> str:
     else:
         stack = (f"a stack of {probe['stack_models']:.0f} models (a cell's seeds, RandAugment off) peaks at "
                  f"{probe['stack_peak_gib']:g} GiB")
+    with_extra = "".join(f"; with {init_label(init)}: **{total + r[-1]:.0f}**" for init, r in extra.items())
+    how = "measured by `python -m benchmarks.gpu_probe`" if probe["mode"] == "full" else probe["mode"]
     return (f"GPU-hours of the paper's grid on one {card}, priced from `{a.probe}` (project at {probe['commit']}, "
-            f"torch {probe['torch']}; {probe['mode']}): the project's trainer trains ViT-T/2 end to end with "
+            f"torch {probe['torch']}; {how}): the project's trainer trains ViT-T/2 end to end with "
             f"the paper's recipe (RandAugment, flips, batch 512, bf16) at **{probe['rate']:,.0f} img/s** on that "
-            f"card. Written by `python -m benchmarks.gpu_hours --write`.\n\n"
+            f"card. Written by `python -m tools.gpu_hours --write`.\n\n"
             f"{grid}\n\n"
             f"- measured: ViT-T/2 with CIFAR-10's recipe at that rate, one model at a time per GPU (stacking a "
             f"cell's seeds buys nothing once one model fills the card); the pseudo-input study trains the same.\n"
@@ -195,15 +231,20 @@ def report(a, params, probe: dict) -> str:
             f"(the official command's 10 workers). The small ConvMixers' rows are the least certain: at their "
             f"FLOPs the data path, not the model, may set the pace.\n"
             f"- not counted: evaluation (every epoch in the CIFAR recipes), the Imp. solves, data preparation.\n"
-            f"- main table: {arms} initializers ({whose}) x {a.seeds} seeds per dataset.\n"
+            f"- main table: {arms} initializers (the paper's: {paper_inits}) x {a.seeds} seeds per dataset, "
+            f"{main_runs} runs: **{main_total:.0f}** GPU-hours. One ImageNet run's arithmetic at {tflops:.1f} "
+            f"TFLOP/s is {imagenet_compute:.0f} of its {imagenet[-2]:.0f} GPU-hours: JPEG decoding, not the GPU, "
+            f"sets its pace.\n"
+            f"{extra_lines}"
             f"- memory of a CIFAR cell (ViT-T/2, batch 512, bf16, on the {card}): {memory}; {stack}.\n\n"
-            f"GPU-hours in all: **{total:.0f}** on {card}s.\n")
+            f"GPU-hours in all: **{total:.0f}** on {card}s (the paper's grid){with_extra}.\n")
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--probe", default="benchmarks/gpu_probe.md",
-                    help="the probe file whose ViT-T/2 rate prices the grid")
+    ap.add_argument("--probe", default=PRICED.relative_to(REPO).as_posix(),
+                    help="the probe file whose ViT-T/2 rate prices the grid (default: the one tools/probe_file.py "
+                         "names as PRICED; the others beside it are benchmarks/gpu_probe-<card>-<commit>.md)")
     ap.add_argument("--seeds", type=int, default=5, help="seeds per main-table cell (the pipeline's default)")
     ap.add_argument("--study-seeds", type=int, default=3)
     ap.add_argument("--tflops", type=float,
@@ -211,10 +252,8 @@ def parser() -> argparse.ArgumentParser:
                          "(default: what the measured ViT-T/2 reached)")
     ap.add_argument("--decode", type=float, default=1000.0,
                     help="ImageNet images/s per GPU from its CPU workers (assumed)")
-    ap.add_argument("--paper-arms", action="store_true",
-                    help=f"price the paper's {PAPER_MAIN_INITS} main-table initializers, not params.yaml's grid")
-    ap.add_argument("--write", nargs="?", const="benchmarks/gpu_hours.md", metavar="PATH",
-                    help="also write the report (default benchmarks/gpu_hours.md, quoted by docs/scaling-out.md)")
+    ap.add_argument("--write", nargs="?", const="docs/includes/gpu_hours.md", metavar="PATH",
+                    help="also write the report (default docs/includes/gpu_hours.md, quoted by docs/scaling-out.md)")
     return ap
 
 

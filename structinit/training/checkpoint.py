@@ -1,0 +1,196 @@
+"""Checkpoints: what a run's checkpoint must match, resuming from one, and the stacked
+trainer's file (every model's weights, history and AdamW state in one file).
+
+    checkpoint_fingerprint(cfg, dtype, extra)       what a checkpoint must match to be resumed
+    code_fingerprint()                              the loaded structinit/stages sources, hashed
+    restore_checkpoint(path, key, fingerprint, load, ...)   both trainers' resume rule
+    restore_stack(models, fingerprints, path, ...)  the stacked trainer's: each model's (history, AdamW state)
+    save_stack(path, fingerprints, epoch, histories, stack, opt)
+    stacked_adamw(stack, states, cfg, device)       AdamW over a stack, each model's restored state in its slice
+
+The optimizer state is written in each model's own layout, as its weights are: a checkpoint
+does not depend on whether its models trained stacked (a stack holds the batched Linear
+weights, and so their AdamW moments, transposed), and a plain run resumes a stacked one's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, TypeVar
+
+import torch
+
+from structinit.io import CorruptFileError, load_checked, save_checked
+from structinit.training.common import decay_groups
+from structinit.training.config import TrainConfig
+
+if TYPE_CHECKING:              # the streamed trainer imports this module, never the stack's code
+    from structinit.training.stacked import StackedModels
+
+T = TypeVar("T")
+
+# One format number and one fingerprint key for both trainers' checkpoints: bump the number
+# when what either trainer writes changes, and a checkpoint of another format is ignored (its
+# run starts afresh) rather than misread. The layouts differ (the stacked trainer: every model
+# in one file under "fingerprints"; streamed.py: one model under "fingerprint"), and each
+# trainer reads only its own files. Checkpoints live in .ckpt/, outside DVC's outputs. What
+# each format changed: CHANGELOG.md.
+CHECKPOINT_FORMAT = 4
+CHECKPOINT_FORMAT_KEY = "checkpoint_format"
+
+
+def checkpoint_fingerprint(cfg: TrainConfig, dtype: str, extra: dict | None) -> dict:
+    """What a run's checkpoint must match to be resumed: its recipe (as given, amp unresolved),
+    the dtype it computes in, the checkpoint format and whatever the caller adds (e.g. the
+    init); JSON-normalized, so that it compares equal to the copy read back from the file."""
+    return json.loads(json.dumps({"config": dataclasses.asdict(cfg), "compute_dtype": dtype,
+                                  CHECKPOINT_FORMAT_KEY: CHECKPOINT_FORMAT, **(extra or {})}, default=str))
+
+
+def code_fingerprint(packages: tuple[str, ...] = ("structinit", "stages")) -> str:
+    """The code a run trains with: SHA-256 (first 16 hex digits) of the source of every module
+    of `packages` loaded in this process, by module name. Called once the cell's models are
+    built, that is the stage script's import closure (what dvc.yaml lists as its code deps)
+    plus the initializer's own file, which the registry imports by name. In the checkpoint
+    fingerprint, it makes a cell whose code changed start afresh instead of resuming epochs
+    that other code trained (while dvc.lock would record the new code's hash)."""
+    import hashlib
+    import sys
+
+    h = hashlib.sha256()
+    loaded = {}
+    for name, module in list(sys.modules.items()):
+        # the script run with `python -m stages.train` is __main__, its name in its __spec__
+        spec = getattr(module, "__spec__", None)
+        real = spec.name if name == "__main__" and spec is not None else name
+        file = getattr(module, "__file__", None)
+        if file and real.split(".")[0] in packages and file.endswith(".py"):
+            loaded[real] = file
+    for name in sorted(loaded):
+        h.update(f"{name}\0".encode())
+        h.update(Path(loaded[name]).read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _first_difference(written, wanted) -> str:
+    """Which top-level fields of two fingerprints (dicts, or lists of dicts: one per stacked
+    model) differ, for the log: e.g. "code", "config"."""
+    if isinstance(written, list) and isinstance(wanted, list) and len(written) == len(wanted):
+        return next((d for d in map(_first_difference, written, wanted) if d), "")
+    if isinstance(written, dict) and isinstance(wanted, dict):
+        return ", ".join(sorted(k for k in set(written) | set(wanted) if written.get(k) != wanted.get(k)))
+    return "the number of models" if isinstance(written, list) and isinstance(wanted, list) else "its layout"
+
+
+def _code_of(fingerprint) -> str | None:
+    first = fingerprint[0] if isinstance(fingerprint, list) and fingerprint else fingerprint
+    return first.get("code") if isinstance(first, dict) else None
+
+
+def restore_checkpoint(path: str | Path | None, fingerprint_key: str, fingerprint, load: Callable[[dict], T], *,
+                       modules: list[torch.nn.Module], device: torch.device, announce: bool,
+                       epochs_done: Callable[[T], int], epochs: int) -> T | None:
+    """Resume from `path` if it is a sound checkpoint written for exactly this run: load(state)
+    puts its state into the run and returns what the caller keeps (None: start afresh).
+
+    - no file: None, silently;
+    - state[fingerprint_key] != fingerprint (another recipe, init or checkpoint format): the
+      file is ignored (and later overwritten), None;
+    - damaged (checksum, truncation, a pickled object) or not loadable into this run (load
+      raises KeyError, RuntimeError, TypeError, ValueError or AttributeError): `modules` get
+      their weights back as they were before load, the file is moved aside to *.corrupt and
+      never resumed from, None.
+    announce: say which of these happened (rank 0; the others read what it left, silently)."""
+    say = print if announce else (lambda *_: None)
+    if path is None or not Path(path).exists():
+        return None
+    path = Path(path)
+    try:
+        state = load_checked(path, "a training checkpoint", map_location=device)
+        if not isinstance(state, dict) or state.get(fingerprint_key) != fingerprint:
+            written = state.get(fingerprint_key) if isinstance(state, dict) else None
+            say(f"ignoring {path}: it was written for a different configuration (differs in: "
+                f"{_first_difference(written, fingerprint) or 'its layout'}); training starts from the first epoch")
+            return None
+        backups = [{k: v.clone() for k, v in m.state_dict().items()} for m in modules]
+        try:
+            restored = load(state)
+        except (KeyError, RuntimeError, TypeError, ValueError, AttributeError) as e:
+            for m, backup in zip(modules, backups):
+                m.load_state_dict(backup)
+            raise CorruptFileError(f"{path} (a training checkpoint) is not a sound checkpoint of "
+                                   f"this run: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    except CorruptFileError as e:
+        bad = path.with_name(path.name + ".corrupt")
+        path.replace(bad)
+        say(f"discarding an unusable checkpoint ({e}); moved to {bad}; training starts from the first epoch")
+        return None
+    code = _code_of(fingerprint)
+    say(f"resuming from {path} after epoch {epochs_done(restored)}/{epochs}" + (f" (code {code})" if code else ""))
+    return restored
+
+
+# ---- the stacked trainer's file ------------------------------------------------------------
+
+def save_stack(path: Path, fingerprints: list[dict], epoch: int, histories: list[list[dict]],
+               stack: StackedModels, opt: torch.optim.Optimizer) -> None:
+    """Every model's state after `epoch` (0-based) in one file, written atomically: one file,
+    not one per model, since a kill between two models' writes would leave them at different
+    epochs, and no catch-up of one model alone is bitwise the stacked step."""
+    save_checked(path, {
+        "fingerprints": fingerprints, "epoch": epoch,
+        "models": [{"history": history, "model": stack.state_dict_of(i),
+                    "optimizer": optimizer_state_of(opt, stack, i)}
+                   for i, history in enumerate(histories)]})
+
+
+def restore_stack(models: list[torch.nn.Module], fingerprints: list[dict], path: Path | None,
+                  device: torch.device, epochs: int, announce: bool) -> list[tuple[list, dict]] | None:
+    """Each model's (history, optimizer state), its weights loaded, from `path` if it is sound
+    and was written for exactly these fingerprints (restore_checkpoint); None: every model
+    starts afresh. announce: say which (rank 0)."""
+    def load(state: dict) -> list[tuple[list, dict]]:
+        restored = []
+        for model, saved in zip(models, state["models"], strict=True):
+            model.load_state_dict(saved["model"])
+            if len(saved["history"]) != state["epoch"] + 1 or not isinstance(saved["optimizer"], dict):
+                raise KeyError("history/epoch/optimizer")
+            restored.append((saved["history"], saved["optimizer"]))
+        return restored
+
+    return restore_checkpoint(path, "fingerprints", fingerprints, load, modules=models, device=device,
+                              announce=announce, epochs_done=lambda restored: len(restored[0][0]), epochs=epochs)
+
+
+def stacked_adamw(stack: StackedModels, states: list[dict | None], cfg: TrainConfig,
+                  device: torch.device) -> torch.optim.Optimizer:
+    """AdamW over the stacked parameters, with each model's restored state (optimizer_state_of's)
+    in its slice. AdamW is elementwise, so one optimizer over the stack updates each model as
+    its own would. fused: one kernel for all parameters instead of a handful per tensor."""
+    named = stack.trainable()
+    opt = torch.optim.AdamW(decay_groups(list(named.values()), cfg.weight_decay, stack.stacked_dims), lr=cfg.lr,
+                            eps=cfg.adam_eps, fused=device.type in ("cuda", "cpu"))
+    if states[0] is not None:                 # one checkpoint: all restored, or none
+        steps = {s["step"] if s else None for s in states}
+        assert len(steps) == 1, f"stacked runs at different optimizer steps {steps}"
+        for name, p in named.items():
+            opt.state[p] = {
+                "step": torch.tensor(float(states[0]["step"]), dtype=torch.float32, device=device),
+                **{k: stack.stack_slices([stack.in_model_layout(name, s[k][name]) for s in states]).to(device)
+                   for k in ("exp_avg", "exp_avg_sq")}}
+    return opt
+
+
+def optimizer_state_of(opt: torch.optim.Optimizer, stack: StackedModels, i: int) -> dict | None:
+    """Model i's AdamW state ({"step", "exp_avg": {name: ...}, "exp_avg_sq": {...}}) in the
+    model's own layout; None before the first step."""
+    named = stack.trainable()
+    first = opt.state.get(next(iter(named.values())))
+    if not first:
+        return None
+    return {"step": float(first["step"]),
+            **{k: {name: stack.in_model_layout(name, stack.model_slice(opt.state[p][k], i))
+                   .detach().clone(memory_format=torch.contiguous_format) for name, p in named.items()}
+               for k in ("exp_avg", "exp_avg_sq")}}

@@ -1,0 +1,14 @@
+"""What a user or maintainer runs to make or check the project's artifacts: `python -m tools.<name>`.
+
+    quick          ./run.sh quick: the real pipeline on a reduced budget, in a scratch copy
+    readme_answer  the README's answer (docs/includes/readme_answer.md) and every page's include blocks
+    output_diff    which pipeline outputs a change altered, against a git revision
+    gpu_hours      the paper's grid priced in GPU-hours from the priced probe file (docs/includes/gpu_hours.md)
+    import_graph   the import structure of the project's packages: modules, lines, cycles
+
+and what they share: scratch (the one way to run the pipeline in a scratch copy) and probe_file
+(the GPU probe's file layout: benchmarks/gpu_probe.py writes it, gpu_hours reads it). The
+measurements themselves (times, rates, a fresh clone's run) are benchmarks/; a benchmark may
+import a tool, a tool never imports a benchmark (python -m tools.import_graph checks there is
+no cycle).
+"""
