@@ -2,7 +2,7 @@
 
 PyTorch (ATen), MKL and oneDNN pick their code by the CPU's instruction set, and the order in
 which a kernel sums depends on it. No setting makes every CPU give the same bytes at a speed
-worth having: pinning all three to AVX2 (what this project did until issue 24) still left the
+worth having: pinning all three to AVX2 (what this project once did) still left the
 Intel and AMD machines' training bytes apart (the SVD/QR/lstsq behind the closed-form solve, a
 weight gradient and SDPA differ under it: ../shared/numerics), and MKL's portable path that
 made those ops agree cost a third of the fp32 speed, with bf16 excluded. So the pipeline uses

@@ -34,7 +34,7 @@ def tiny(tmp_path_factory) -> str:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     r = subprocess.run([sys.executable, "-m", "benchmarks.gpu_probe", "--tiny", "--out", str(out)], cwd=REPO,
-                       env=env, capture_output=True, text=True, timeout=300)
+                       env=env, capture_output=True, text=True, timeout=900)   # a hang guard, not a speed gate
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out.read_text()
 

@@ -35,7 +35,7 @@ RECORD = "inputs.json"
 class Evidence:
     name: str          # the DVC stage
     folder: str        # its outputs
-    hours: str         # its cost on 2 CPU cores (the committed run's AMD EPYC)
+    hours: str         # its cost on 2 CPU cores, for the unmeasured line
     what: str          # what it measures, for the line a report prints while it is not fresh
 
     @property

@@ -14,7 +14,7 @@ The pipeline's own budget is read from its cells (results/train: cells_curves) i
 trained again; cells_check is the check that this is the same: it trains the pipeline's budget
 here for one arm and compares each evaluated epoch with the cells (pipeline_check, same_runs).
 
-Criterion (issue 26): a budget B is converged when doubling it moves no arm's mean final
+Criterion: a budget B is converged when doubling it moves no arm's mean final
 accuracy by more than `tolerance` points (1 by default; structinit/reporting/budget.py).
 epochs.csv holds the test accuracy at every evaluated epoch, per arm, budget and seed, each
 row naming the CPU, dtype and stacking it ran with; epochs.md the tables and the verdict.

@@ -8,7 +8,6 @@ Q (H, C, r), K (H, r, C) with softmax(x Q_h K_h x^T * scale) ~ target_h.
 """
 from __future__ import annotations
 
-import functools
 import math
 import time
 
@@ -80,7 +79,10 @@ def adam_loop(x, targets, q, k, cap, *, scale, steps, lr, renorm_every, early_st
               window=1000):
     """The official loop from a start (adam_start). One problem: targets (H, N, N), Q (H, C, r),
     K (H, r, C), cap a scalar. Stacked problems (no early stop): a leading dimension S on
-    targets, Q and K, cap (S, 1, 1, 1), the loss the sum of each problem's own MSE."""
+    targets, Q and K, cap (S, 1, 1, 1), and a loss whose gradient is each problem's own MSE's:
+    the summed squared error over the entries of one problem (mse_loss's own backward computes
+    (map - target) * 2 / n for a mean and (map - target) * 2 * g for a sum; with g = 1 / n those
+    are the same float products, as 2 / n and 2 * (1 / n) are)."""
     stacked = targets.dim() == 4
     if stacked and early_stop:
         raise ValueError("stacked problems run every step: early_stop is for one problem")
@@ -95,16 +97,19 @@ def adam_loop(x, targets, q, k, cap, *, scale, steps, lr, renorm_every, early_st
                 q.mul_(cap / q.norm(dim=-2, keepdim=True))
                 k.mul_(cap / k.norm(dim=-2, keepdim=True))
         maps = attention_from_qk(x, q, k, scale)
-        if stacked:
-            losses = [F.mse_loss(maps[i], targets[i]) for i in range(len(targets))]
-            loss_t = functools.reduce(torch.add, losses)
+        if stacked:     # each problem's mean-MSE gradient, 2 (map - target) / n, to the bit
+            loss_t = F.mse_loss(maps, targets, reduction="sum") * (1 / targets[0].numel())
         else:
             loss_t = F.mse_loss(maps, targets)
         opt.zero_grad(set_to_none=True)
         loss_t.backward()
         opt.step()
         if (step + 1) % renorm_every == 0:                # a cycle ends: log, maybe stop
-            history.append((step + 1, [l.item() for l in losses] if stacked else loss_t.item()))
+            if stacked:                                   # each problem's own loss, as it alone logs it
+                with torch.no_grad():
+                    history.append((step + 1, [F.mse_loss(m, t).item() for m, t in zip(maps, targets)]))
+            else:
+                history.append((step + 1, loss_t.item()))
             back = window // renorm_every
             if early_stop and len(history) > back and \
                     history[-1 - back][1] - history[-1][1] < tol * history[-1 - back][1]:

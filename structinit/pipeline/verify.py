@@ -45,7 +45,7 @@ from structinit.io import MissingFileError
 # A cell's mean accuracy over seeds may move this many test images (docs/reproducibility.md):
 # settings that should not matter moved a digits cell's mean by at most 2.3
 # images (the committed default in fp32 under the old AVX2 pin vs bf16 on the CPU's own
-# kernels, same machine, 36 cells) and at 80 epochs by at most 0.7 (benchmarks/amp_agreement.py);
+# kernels, same machine, 36 cells) and at 80 epochs by at most 0.7 (the amp-agreement benchmark);
 # about 2.5x the larger, so that noise passes and a real shift (a seed of 5 leaving its plateau,
 # ~60 images of mean) does not.
 TOLERANCE_TEST_IMAGES = 6

@@ -54,8 +54,8 @@ class Plan:
 
 def planned(params: dict) -> Plan:
     c = params["contrasts"]
-    return Plan(cells.planned_contrast(params, c["primary"]), [cells.planned_contrast(params, t) for t in c["secondary"]],
-                c["direction"], c["alpha"],
+    return Plan(cells.planned_contrast(params, c["primary"]),
+                [cells.planned_contrast(params, t) for t in c["secondary"]], c["direction"], c["alpha"],
                 cells.parse_contrast(c["registered"]) if c.get("registered") else None)
 
 
