@@ -33,7 +33,7 @@ CORE = ["structinit/__init__.py", "structinit/config.py", "structinit/distribute
 # imported by a core module, yet in the pipeline extra: only the digits dataset's loader reads
 # it (data/tensors.py, inside the function), and pyproject.toml says so
 CORE_EXCEPTIONS = {"sklearn"}
-PIPELINE_CODE = ["stages", "structinit/pipeline", "structinit/reporting", "benchmarks"]
+PIPELINE_CODE = ["stages", "structinit/pipeline", "structinit/reporting", "structinit/evidence", "benchmarks", "tools"]
 
 
 def requirement_name(requirement: str) -> str:
@@ -48,7 +48,7 @@ def python_files(paths):
 
 def third_party_imports(paths) -> dict[str, set[str]]:
     """Top-level import name -> the files importing it (at module level or inside a function)."""
-    local = {"structinit", "stages", "benchmarks", "scale", "tests"}
+    local = {"structinit", "stages", "benchmarks", "tools", "scale", "tests"}
     found: dict[str, set[str]] = {}
     for path in python_files(paths):
         for node in ast.walk(ast.parse(path.read_text())):
