@@ -22,7 +22,7 @@ def main():
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     if a.dataset in DATASETS:
-        data = prepare_dataset(a.dataset, root=a.raw)
+        data = prepare_dataset(a.dataset, root=a.raw, local=a.source)
     else:
         data = load_own(a.dataset, a.source)
         # check_params compared the declaration with the files when params.yaml last changed;

@@ -15,3 +15,9 @@ class ConfigError(StructinitError, ValueError):
     """A setting asks for something that cannot be: a value of params.yaml, an environment
     variable, more processes than the machine has GPUs. The message names the bad value and
     what would be valid."""
+
+
+class DownloadError(StructinitError, OSError):
+    """A built-in dataset's file could not be fetched (no network, server down) or arrived
+    damaged. The message names each file to place by hand, the folder, and its checksum and URL
+    (Fashion-MNIST: its three routes, structinit/data/fashion_mnist.py)."""

@@ -5,6 +5,7 @@ stale results) and no other code (an edit there would re-run the stage for nothi
 cell for hours), and the matrix stages' output folders are the cell names
 structinit/pipeline/cells.py gives (the one home of cell names)."""
 import ast
+import importlib
 import re
 import subprocess
 import sys
@@ -160,12 +161,30 @@ def test_the_closure_sees_structinit_attribute_access(tmp_path):
         "structinit.analysis"}
 
 
-def test_only_structinit_loads_lazily():
-    # imported_modules knows structinit's lazy loader only: another package's __getattr__
-    # would hide imports from it
-    lazy = {p.relative_to(REPO).as_posix() for pkg in PACKAGES for p in (REPO / pkg).rglob("__init__.py")
+def test_every_lazy_package_declares_what_it_loads():
+    # imported_modules reads a package's LAZY_EXPORTS literal: a package whose __getattr__ loads
+    # names without one (or with one that disagrees with what it loads) would hide imports from it
+    from structinit.pipeline.dvc_yaml import lazy_exports
+
+    lazy = {p.relative_to(REPO).parent.as_posix().replace("/", ".") for pkg in PACKAGES
+            for p in (REPO / pkg).rglob("__init__.py")
             if any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in ast.parse(p.read_text()).body)}
-    assert lazy == {"structinit/__init__.py"}
+    assert lazy == {"structinit", "structinit.models"}
+    for package in lazy:
+        declared = lazy_exports(package)
+        module = importlib.import_module(package)
+        assert declared and declared == module.LAZY_EXPORTS, package
+        for name, where in declared.items():
+            assert getattr(module, name) is getattr(importlib.import_module(where), name), (package, name)
+
+
+def test_a_name_from_a_lazy_package_is_a_dependency_on_its_module(tmp_path):
+    from structinit.pipeline.dvc_yaml import imported_modules
+
+    f = tmp_path / "user.py"
+    f.write_text("from structinit.models import create_convmixer\nimport structinit as si\nsi.create_vit\n")
+    got = imported_modules(f, "user")
+    assert {"structinit.models.convmixer", "structinit.models.vit"} <= got
 
 
 def test_reference_solve_params_are_the_solve_options_it_reads(stages):

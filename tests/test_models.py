@@ -19,6 +19,29 @@ def test_vit_is_timm_model_in_paper_configuration():
     assert m.pos_embed.shape == (1, 256, 192)
 
 
+@pytest.mark.parametrize("grid, dim", [((8, 8), 48), ((14, 14), 96), ((16, 16), 192), ((4, 7), 12), ((1, 1), 4)])
+def test_sincos_encoding_has_timm_s_bits(grid, dim):
+    """The library computes the encoding itself (no timm import for the stages that only solve);
+    it must be timm's to the bit, or a model's pos_embed and the solve's pseudo-input differ."""
+    from timm.layers import build_sincos2d_pos_embed
+
+    ours = sincos_position_encoding(grid, dim)
+    assert ours.dtype == torch.float32 and ours.shape == (grid[0] * grid[1], dim)
+    assert torch.equal(ours, build_sincos2d_pos_embed(list(grid), dim=dim))
+
+
+def test_geometry_imports_no_timm():
+    """`structinit.models.vit`'s geometry (and the Q/K solve built on it) loads without timm: the
+    preoptimize stage pays torch's import, not timm's model zoo (benchmarks/stage_startup.py)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, structinit.models.vit, structinit.init.impulse, stages.preoptimize; "
+            "print(sorted(m for m in sys.modules if m == 'timm' or m.startswith('timm.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 def test_position_encoding_is_fixed_sincos_and_survives_every_init():
     m = small_vit()
     pe = sincos_position_encoding((8, 8), 48)

@@ -22,6 +22,8 @@ DATASETS = {
     "digits": DatasetSpec("digits", 8, 1, 10, (0.3053,), (0.3760,)),
     "cifar10": DatasetSpec("cifar10", 32, 3, 10, CIFAR_MEAN, CIFAR_STD),
     "cifar100": DatasetSpec("cifar100", 32, 3, 100, CIFAR_MEAN, CIFAR_STD),
+    # fashion_mnist: mean/std of the 60,000 training images scaled to [0, 1] (fashion_mnist.py).
+    "fashion_mnist": DatasetSpec("fashion_mnist", 28, 1, 10, (0.2860,), (0.3530,)),
     "svhn": DatasetSpec("svhn", 32, 3, 10, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
     # imagenet: the official run's model (timm's vit_tiny_patch16_224) takes its data config from
     # timm's ViT defaults: mean = std = 0.5, evaluated at crop 0.9, bicubic (imagenet.py)
@@ -34,10 +36,12 @@ STREAMED = ("imagenet",)
 # train splits). Not part of DatasetSpec, which prepared files store: params.yaml's schema
 # needs the counts (a study's subset must hold a batch) before any data is loaded.
 TRAIN_IMAGES = {"digits": 1437, "cifar10": 50_000, "cifar100": 50_000, "svhn": 73_257,
+                "fashion_mnist": 60_000,
                 "imagenet": 1_281_167}
 # Test images per dataset (digits: the other 20 %; ImageNet: its validation set): what an
 # accuracy difference is counted in (./run.sh verify).
-TEST_IMAGES = {"digits": 360, "cifar10": 10_000, "cifar100": 10_000, "svhn": 26_032, "imagenet": 50_000}
+TEST_IMAGES = {"digits": 360, "cifar10": 10_000, "cifar100": 10_000, "svhn": 26_032,
+               "fashion_mnist": 10_000, "imagenet": 50_000}
 
 
 def get_spec(name: str) -> DatasetSpec:

@@ -4,6 +4,8 @@
     cifar10   torchvision, checksum-verified download
     cifar100  torchvision, checksum-verified download
     svhn      torchvision, checksum-verified download ("train" split, as in the paper)
+    fashion_mnist  its four files from datasets/fashion_mnist/, Debian's package or the official
+              download, each checked by SHA-256 (fashion_mnist.py)
 
 The trainer keeps these tensors on the training device and augments batches there.
 """
@@ -18,13 +20,8 @@ import numpy as np
 import torch
 
 from structinit.data.specs import STREAMED, DatasetSpec, get_spec
-from structinit.errors import StructinitError
+from structinit.errors import DownloadError
 from structinit.io import CorruptFileError, load_checked, save_checked
-
-
-class DownloadError(StructinitError, OSError):
-    """A built-in dataset's file could not be fetched (no network, server down) or arrived
-    damaged. The message names each file to place by hand, the folder, its MD5 and its URL."""
 
 
 @dataclass
@@ -78,14 +75,20 @@ DIGITS_SPLIT_SEED = 0
 
 
 
-def prepare_dataset(name: str, root: str | Path = "data/raw", download: bool = True) -> ImageData:
-    """Load (downloading into `root` if needed) and convert to uint8 tensors."""
+def prepare_dataset(name: str, root: str | Path = "data/raw", download: bool = True,
+                    local: str | Path | None = None) -> ImageData:
+    """Load (downloading into `root` if needed) and convert to uint8 tensors. `local`: the
+    dataset's own folder (datasets/<name>), where Fashion-MNIST's files may be placed by hand."""
     spec = get_spec(name)
     if name in STREAMED:
         raise ValueError(f"{name} is read from a local directory and streamed, never held as tensors: "
                          "see structinit/data/imagenet.py")
     if name == "digits":
         return _digits(spec)
+    if name == "fashion_mnist":
+        from structinit.data.fashion_mnist import load_fashion_mnist
+
+        return ImageData(spec, *load_fashion_mnist(root, local=local, download=download))
     import torchvision.datasets as tvd
 
     root = str(root)

@@ -10,18 +10,30 @@ The library also takes other timm ViTs (class token, register tokens, a learned 
 from __future__ import annotations
 
 import torch
-from timm.layers import build_sincos2d_pos_embed
-from timm.models import VisionTransformer
+
+# timm is imported where a model is built or checked, not here: importing it costs seconds
+# (every timm model registers itself), and the stages that only solve Q/K or read results need
+# this module's geometry (the patch grid, the sin-cos encoding) without a model.
 
 # create_vit's arguments for the paper's ViT-T/2 on 32x32 images (method page, section 5).
 VIT_T2_CIFAR = dict(img_size=32, patch_size=2, embed_dim=192, depth=12, num_heads=3)
 
 
 def sincos_position_encoding(patch_grid: tuple[int, int], embed_dim: int) -> torch.Tensor:
-    """Fixed 2-D sin-cos encoding, (H*W, C), token t(i, j) = i*W + j."""
+    """Fixed 2-D sin-cos encoding, (H*W, C), token t(i, j) = i*W + j: the channels are
+    [sin(i f), sin(j f), cos(i f), cos(j f)] over C/4 frequencies f_k = 10000^(-k/(C/4)).
+
+    It is timm's `build_sincos2d_pos_embed` at its defaults, computed by the same float32
+    operations so the bits are equal (tests/test_models.py compares them), without importing timm.
+    """
     if embed_dim % 4:
         raise ValueError(f"embed_dim={embed_dim}: a 2-D sin-cos encoding needs a multiple of 4")
-    return build_sincos2d_pos_embed(list(patch_grid), dim=embed_dim)
+    n = embed_dim // 4
+    freqs = 1.0 / (10000.0 ** (torch.arange(n, dtype=torch.int64).to(torch.float32) / n))
+    rows, cols = (torch.arange(s, dtype=torch.int64).to(torch.float32) for s in patch_grid)
+    grid = torch.stack(torch.meshgrid(rows, cols, indexing="ij")).flatten(1).transpose(0, 1)  # (HW, 2): (i, j)
+    angles = grid.unsqueeze(-1) * freqs.unsqueeze(0)                                          # (HW, 2, n)
+    return torch.stack([torch.sin(angles), torch.cos(angles)], dim=1).flatten(1)
 
 
 def create_vit(
@@ -42,6 +54,8 @@ def create_vit(
         raise ValueError(f"img_size={img_size} is not divisible by patch_size={patch_size}")
     if embed_dim % num_heads:
         raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
+    from timm.models.vision_transformer import VisionTransformer
+
     model = VisionTransformer(
         img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes,
         embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
@@ -127,6 +141,9 @@ def reset_position_encoding(model: VisionTransformer) -> None:
 def check_vit(model) -> None:
     """Raise a clear error for a model no initializer can handle: every initializer here writes
     each block's fused qkv projection (rows [q | k | v]), as timm's Block/Attention have it."""
+    # a model built by timm has imported timm already: this import costs nothing then
+    from timm.models.vision_transformer import VisionTransformer
+
     if not isinstance(model, VisionTransformer):
         raise TypeError(f"expected a timm VisionTransformer, got {type(model).__name__}: build one "
                         "with timm.create_model('vit_...') or structinit.create_vit")

@@ -47,11 +47,26 @@ def module_file(name: str) -> Path | None:
     return None
 
 
+def lazy_exports(package: str) -> dict[str, str]:
+    """A project package's PEP 562 exports, {name: defining module}: the dict literal
+    `LAZY_EXPORTS` of its __init__.py (structinit, structinit.models), read without importing."""
+    path = module_file(package)
+    if path is None or path.name != "__init__.py":
+        return {}
+    for node in ast.parse(path.read_text()).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and target.id == "LAZY_EXPORTS":
+            return ast.literal_eval(node.value)
+    return {}
+
+
 def imported_modules(path: Path, name: str) -> set[str]:
     """Every module an `import` anywhere in the file names (function-level imports included:
     they run when the stage runs; `if TYPE_CHECKING:` blocks excluded: they never run),
-    resolved to project module names, and every module that structinit's lazy loader imports
-    for an attribute of the structinit package (`si.get_spec`, `structinit.reporting.tables.x`)."""
+    resolved to project module names, and every module that a package's lazy loader imports
+    for a name imported from it (`from structinit.models import create_vit`) or, for the
+    structinit package, an attribute of it (`si.get_spec`, `structinit.reporting.tables.x`)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
@@ -73,8 +88,8 @@ def imported_modules(path: Path, name: str) -> set[str]:
             for alias in node.names:
                 if module_file(f"{base}.{alias.name}"):                # `from pkg import module`
                     out.add(f"{base}.{alias.name}")
-                elif base == "structinit" and alias.name in structinit.LAZY_EXPORTS:   # lazy export
-                    out.add(structinit.LAZY_EXPORTS[alias.name])
+                elif alias.name in lazy_exports(base):                  # a lazy export
+                    out.add(lazy_exports(base)[alias.name])
     for node in ast.walk(tree):             # structinit.__getattr__ imports on attribute access
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in package_names:
             if node.attr in structinit.LAZY_EXPORTS:
