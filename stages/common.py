@@ -41,7 +41,8 @@ RESTART_VAR = "STRUCTINIT_RESTART"                          # 1: discard a cell'
 ALLOW_CPU_VAR = "STRUCTINIT_ALLOW_CPU"                      # 1: train a GPU recipe on a CPU anyway
 DEFAULT_CHECKPOINT_SECONDS = 30.0
 # The embedded dataset's recipe is sized for a CPU; every other built-in dataset's (the paper's
-# CIFAR-10/100, SVHN, ImageNet recipes) for GPUs: ViT-T/2 on CIFAR-10 takes weeks on a CPU.
+# CIFAR-10/100, SVHN, ImageNet recipes, Fashion-MNIST's) for GPUs: ViT-T/2 on CIFAR-10 takes weeks
+# on a CPU.
 CPU_DATASETS = ("digits",)
 
 
@@ -69,19 +70,23 @@ def restart_requested(environ=os.environ) -> bool:
     return raw == "1"
 
 
-def refuse_cpu_for_gpu_recipe(dataset: str, device_type: str, own_datasets, environ=os.environ) -> None:
-    """A built-in dataset's recipe other than the embedded one is the paper's GPU recipe: on a
-    machine whose torch sees no GPU it stops before any work, unless STRUCTINIT_ALLOW_CPU=1.
-    Your own datasets (own_datasets) carry your recipe and are never refused."""
+def refuse_cpu_for_gpu_recipe(dataset: str, device_type: str, own_datasets, environ=os.environ,
+                              estimate=None) -> None:
+    """A built-in dataset's recipe other than the embedded one is a GPU recipe (the paper's,
+    Fashion-MNIST's): on a machine whose torch sees no GPU it stops before any work, unless
+    STRUCTINIT_ALLOW_CPU=1. Your own datasets (own_datasets) carry your recipe and are never
+    refused. estimate(): a sentence saying how long the cell would take here
+    (structinit/pipeline/estimate.py), measured in seconds and said either way."""
     if device_type != "cpu" or dataset in CPU_DATASETS or dataset in own_datasets:
         return
+    how_long = f" {estimate()}." if estimate else ""
     if environ.get(ALLOW_CPU_VAR, "") == "1":
-        print(f"{ALLOW_CPU_VAR}=1: training {dataset}'s GPU recipe on the CPU")
+        print(f"{ALLOW_CPU_VAR}=1: training {dataset}'s GPU recipe on the CPU.{how_long}")
         return
     raise StructinitError(
         f"{dataset}'s recipe is sized for a GPU, and this torch sees none (torch.cuda.is_available() is "
-        f"False): on a CPU it would take days to weeks. Only {', '.join(CPU_DATASETS)} (and your own "
-        f"datasets) train on a CPU by default. Install a CUDA build of torch (docs/scaling-out.md), "
+        f"False).{how_long or ' On a CPU it would take days to weeks.'} Only {', '.join(CPU_DATASETS)} (and "
+        f"your own datasets) train on a CPU by default. Install a CUDA build of torch (docs/scaling-out.md), "
         f"or set {ALLOW_CPU_VAR}=1 to train on the CPU anyway.")
 
 

@@ -22,6 +22,7 @@ from dvclive import Live
 
 from stages.common import (RESTART_VAR, add_variant_options, log_timings, refuse_cpu_for_gpu_recipe,
                            requested_checkpoint_seconds, restart_requested, run_stage, write_record)
+from structinit.data.specs import STREAMED
 from structinit.data.tensors import ImageData, stratified_subset
 from structinit.io import save_torch, without_timings
 from structinit.numerics import numerics_record, package_versions
@@ -118,7 +119,9 @@ def main(module: str = "stages.train", load_data=None, train_cell=None):
     params = load_params()
     # default_device: whether torch sees a GPU, without taking one (device() would set GPU 0 in
     # this process, which under torchrun only waits for its workers)
-    refuse_cpu_for_gpu_recipe(a.dataset, default_device().type, params.own_datasets)
+    # the estimate trains the recipe's model on a few images: not for a streamed dataset (ImageNet)
+    refuse_cpu_for_gpu_recipe(a.dataset, default_device().type, params.own_datasets,
+                              estimate=None if a.dataset in STREAMED else lambda: cpu_estimate(a, params))
     if (status := relaunch_under_torchrun(module, sys.argv[1:])) is not None:
         sys.exit(status)
     main_rank = DistributedContext.from_env().is_main
@@ -189,6 +192,21 @@ def main(module: str = "stages.train", load_data=None, train_cell=None):
     # the cell's checkpoint, or each model's where the trainer ran them one after another (on a GPU)
     for done in [ckpt_dir / "checkpoint.pt", *ckpt_dir.glob("checkpoint-model*.pt")]:
         done.unlink(missing_ok=True)
+
+
+def cpu_estimate(a, params) -> str:
+    """How long this cell trains on this CPU (a GPU recipe: said before it stops, or starts)."""
+    from structinit.data.specs import TRAIN_IMAGES, get_spec
+    from structinit.pipeline.estimate import training_time_line
+
+    rec = params.recipe(a.dataset)
+    images = TRAIN_IMAGES.get(a.dataset, 0)
+    size = params["data"]["train_size"]
+    images = images if size is None else (round(size * images) if isinstance(size, float) else min(size, images))
+    if a.train_fraction is not None:
+        images = round(a.train_fraction * images)
+    return training_time_line(a.dataset, rec.model, get_spec(a.dataset), rec.train, images,
+                              len(params.seeds_at(a.seeds_from)), device="cpu")
 
 
 def load_on_device(a, params):

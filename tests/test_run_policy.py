@@ -110,3 +110,31 @@ def test_the_code_hash_covers_the_script_run_as_main(tmp_path, monkeypatch):
     assert code_fingerprint(("stages",)) != before
     monkeypatch.setattr(main, "__spec__", None)                       # a plain `python script.py`
     assert code_fingerprint(("stages",)) == code_fingerprint(("stages",))
+
+
+def test_the_refusal_says_how_long_the_cell_would_take_here(capsys):
+    line = "fashion_mnist's recipe on this CPU takes about 3 days to train this cell (...)"
+    with pytest.raises(StructinitError) as e:
+        refuse_cpu_for_gpu_recipe("fashion_mnist", "cpu", {}, environ={}, estimate=lambda: line)
+    assert line in str(e.value) and "STRUCTINIT_ALLOW_CPU=1" in str(e.value)
+    refuse_cpu_for_gpu_recipe("fashion_mnist", "cpu", {}, environ={"STRUCTINIT_ALLOW_CPU": "1"}, estimate=lambda: line)
+    assert line in capsys.readouterr().out
+    called = []
+    refuse_cpu_for_gpu_recipe("fashion_mnist", "cuda", {}, environ={}, estimate=lambda: called.append(1))
+    assert not called                                   # on a GPU nothing is timed
+
+
+def test_the_estimate_is_the_measured_rate_times_the_cell(monkeypatch):
+    from structinit.data.specs import get_spec
+    from structinit.pipeline import estimate
+    from structinit.pipeline.load import load_params
+
+    rec = load_params().recipe("fashion_mnist")
+    # the measurement itself, on a toy model of the recipe: a positive rate from the trainer
+    toy = dict(rec.model, patch_size=7, embed_dim=12, depth=1)
+    assert 0 < estimate.seconds_per_image(toy, get_spec("fashion_mnist"), rec.train, "cpu", batch=8) < 1
+    monkeypatch.setattr(estimate, "seconds_per_image", lambda *a, **k: 0.01)
+    line = estimate.training_time_line("fashion_mnist", rec.model, get_spec("fashion_mnist"),
+                                       dict(rec.train, epochs=20), 1000, 5, device="cpu")
+    assert "about 17 min" in line and "5 model(s) x 20 epochs x 1,000 images at 10.0 ms per image" in line
+    assert [estimate.duration(s) for s in (30, 600, 3 * 3600, 4 * 86400)] == ["30 s", "10 min", "3.0 h", "4.0 days"]

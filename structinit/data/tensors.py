@@ -188,3 +188,14 @@ def stratified_subset(labels: torch.Tensor, size: float | int | None, seed: int)
         take[int(torch.argmax(over))] -= 1
     chosen = [ix[torch.randperm(len(ix), generator=gen)[:t]] for ix, t in zip(per_class, take)]
     return torch.sort(torch.cat(chosen)).values
+
+
+def validation_split(data: ImageData, size: float | int, seed: int = 0) -> ImageData:
+    """The training set split in two: a stratified, seeded held-out part (`size`: a fraction or
+    a count, as stratified_subset) as the "test" split, the rest to train on. What a recipe or
+    budget is chosen on, so that the test set never is."""
+    held = stratified_subset(data.train_labels, size, seed)
+    keep = torch.ones(len(data.train_labels), dtype=torch.bool)
+    keep[held] = False
+    return ImageData(data.spec, data.train_images[keep], data.train_labels[keep],
+                     data.train_images[held], data.train_labels[held])

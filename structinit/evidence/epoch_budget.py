@@ -50,15 +50,18 @@ def budget_config(train: dict, epochs: int, warmup_prefix: bool) -> dict:
 
 
 def run_budget(data, rec: dict, arms: list[str], seeds: list[int], epochs: int, warmup_prefix: bool,
-               cpu: str = "", stacking: str = "cell") -> pd.DataFrame:
+               cpu: str = "", stacking: str = "cell", dataset: str = "digits", eval_every: int = 10,
+               device=None) -> pd.DataFrame:
     """Every (arm, seed) at one budget: one row per evaluated epoch, each naming the machine it
     ran on (`cpu`, since budgets added later may run on another CPU), the dtype it computed in
     and how it was stacked. stacking "cell": each arm's seeds trained stacked together, one run
     per arm, as the pipeline's cells are (its stacked models run the same batched kernels);
-    "all": every arm and seed in one run (how budgets 40-160 were first run: 18 models)."""
+    "all": every arm and seed in one run (how budgets 40-160 were first run: 18 models).
+    `test_acc` is accuracy on data's test split (a validation split where the budget is chosen
+    on one: tools/fashion_mnist.py)."""
     if stacking not in STACKINGS:
         raise ValueError(f"stacking={stacking!r}; choose one of {STACKINGS}")
-    train = budget_config(rec["train"], epochs, warmup_prefix)
+    train = dict(budget_config(rec["train"], epochs, warmup_prefix), eval_every=eval_every)
     groups = ([[(arm, seed) for seed in seeds] for arm in arms] if stacking == "cell"
               else [[(arm, seed) for arm in arms for seed in seeds]])
     rows = []
@@ -69,9 +72,9 @@ def run_budget(data, rec: dict, arms: list[str], seeds: list[int], epochs: int, 
             method, kernel = parse_init(arm)
             initialize(models[-1], method, seed=seed, **({"kernel": kernel} if kernel else {}))
         cfgs = [TrainConfig(**train, seed=seed) for _, seed in pairs]
-        dtype = compute_dtype(cfgs[0], default_device(), models[0])
-        hists = train_models(models, data, cfgs, progress=False)
-        rows += [{"dataset": "digits", "init": arm, "budget": epochs, "seed": seed, "epoch": h["epoch"],
+        dtype = compute_dtype(cfgs[0], device or default_device(), models[0])
+        hists = train_models(models, data, cfgs, progress=False, device=device)
+        rows += [{"dataset": dataset, "init": arm, "budget": epochs, "seed": seed, "epoch": h["epoch"],
                   "test_acc": round(100 * h["test_acc"], 3), "test_loss": h["test_loss"], "cpu": cpu, "dtype": dtype,
                   "stacking": stacking, "source": "benchmark"}
                  for (arm, seed), hist in zip(pairs, hists) for h in hist if "test_acc" in h]

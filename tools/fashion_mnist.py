@@ -1,0 +1,188 @@
+"""Fashion-MNIST's epoch budget on one GPU, in one command, and the main grid's GPU time from it.
+
+    python -m tools.fashion_mnist                     # on a GPU (the data in datasets/fashion_mnist/)
+    python -m tools.fashion_mnist --tiny --out DIR    # toy sizes on the CPU: the suite's run
+
+The recipe (params.yaml, recipes.fashion_mnist) trains every arm of the main grid (grid.baselines
+and impulse<k> for each of grid.kernels), each arm's seeds stacked as a cell, at its budget B and
+at 2B, on a validation split: 10,000 of the 60,000 training images, stratified and seeded, held
+out (the test set is never read). The project's criterion (structinit/reporting/budget.py) then
+says whether B is converged: doubling it moves no arm's mean by more than 1 point. The budget
+stays what params.yaml says; this command reports, the recipe's author decides.
+
+The B run is also the measured rate that prices the main grid on this card: it trains the same
+models, stacked as the stages stack them, on 50,000 images where the grid's cells train on 60,000,
+so the grid's training time is B's training seconds x 60/50, to which the stages' start-ups add.
+
+Writes, after each arm and budget (an interrupted run keeps what it finished, and a re-run
+skips it): epochs.csv (validation accuracy at every evaluated epoch, per arm, budget and seed),
+and budget.md (the machine, card, dtype and commit; each budget's time; the doubling table and
+the verdict; the grid's time), in --out (results/evidence/fashion_mnist_budget by default).
+Without a GPU it stops (unless --tiny), saying how long the CPU would take.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+from tabulate import tabulate
+
+REPO = Path(__file__).resolve().parents[1]
+DATASET = "fashion_mnist"
+VALIDATION = 10_000
+SPLIT_SEED = 0
+TINY = dict(model=dict(patch_size=4, embed_dim=12, depth=1, num_heads=3), epochs=1, batch_size=16,
+            train=96, validation=32, seeds=2)
+
+
+def arms(params) -> list[str]:
+    return [*params["grid"]["baselines"], *(f"impulse{k}" for k in params["grid"]["kernels"])]
+
+
+def machine(device: torch.device) -> dict:
+    from structinit.numerics import numerics_record
+
+    card = torch.cuda.get_device_name(device) if device.type == "cuda" else numerics_record()["cpu"]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True).stdout.strip()
+    return {"card": card, "device": device.type, "torch": torch.__version__,
+            "commit": (head.stdout.strip() or "unknown") + (" (uncommitted changes)" if dirty else "")}
+
+
+def tiny_data(spec, n_train: int, n_test: int):
+    """Synthetic images of Fashion-MNIST's shape with labels a toy model can learn a little of."""
+    from structinit.data.tensors import ImageData
+
+    g = torch.Generator().manual_seed(0)
+    labels = lambda n: torch.arange(n) % spec.num_classes                                   # noqa: E731
+    images = lambda y: (y.view(-1, 1, 1, 1) * 25 + torch.randint(0, 30, (len(y), 1, 28, 28), generator=g)  # noqa: E731
+                        ).to(torch.uint8)
+    ytr, yte = labels(n_train), labels(n_test)
+    return ImageData(spec, images(ytr), ytr, images(yte), yte)
+
+
+def write_report(out: Path, curves: pd.DataFrame, seconds: dict, info: dict, rec, tiny: bool) -> str:
+    from structinit.reporting.budget import TOLERANCE, budget_finals, converged_budget, doubling_moves
+    from structinit.reporting.presentation import init_label
+
+    finals = budget_finals(curves)
+    means = finals.groupby(["init", "budget"]).test_acc.agg(["mean", "std"])
+    budgets = sorted(int(b) for b in finals.budget.unique())
+    rows = [[init_label(i), *(f"{means.loc[(i, b), 'mean']:.2f} ± {means.loc[(i, b), 'std']:.2f}"
+                              if (i, b) in means.index else "-" for b in budgets)]
+            for i in dict.fromkeys(finals.init)]
+    moves = doubling_moves(finals)
+    verdict = converged_budget(finals)
+    B = rec.train["epochs"]
+    if B in moves:
+        worst = max(moves[B], key=lambda i: abs(moves[B][i]))
+        said = (f"Doubling {B} epochs moves {init_label(worst)} most, {moves[B][worst]:+.2f} points: "
+                + (f"**{B} is converged** (within {TOLERANCE:g} point)." if abs(moves[B][worst]) <= TOLERANCE
+                   else f"**{B} is NOT converged** (beyond {TOLERANCE:g} point)."))
+    else:
+        said = f"Not measured: the run at {2 * B} epochs did not finish."
+    n_train = int(curves.attrs.get("train_images", 0))
+    command = "python -m tools.fashion_mnist" + (" --tiny" if tiny else "")
+    lines = [f"# Fashion-MNIST's epoch budget ({command})", ""]
+    if tiny:
+        lines += ["**tiny (CPU): not a measurement**: a toy model on synthetic images, to keep the command "
+                  "runnable.", ""]
+    lines += [f"Machine: {info['card']} ({info['device']}), torch {info['torch']}, commit {info['commit']}; "
+              f"dtype {', '.join(sorted(curves.dtype.unique()))}.",
+              f"Recipe: recipes.fashion_mnist of params.yaml ({rec.model}), each arm's {curves.seed.nunique()} seeds "
+              f"stacked as a cell; trained on {n_train:,} images, evaluated on a validation split of "
+              f"{int(curves.attrs.get('validation_images', 0)):,} held out of the training set (seed {SPLIT_SEED}); "
+              "the test set is not read.", "",
+              "Validation accuracy at the end of each budget, % (mean ± std over seeds):", "",
+              tabulate(rows, headers=["arm", *(f"{b} epochs" for b in budgets)], tablefmt="github"), "",
+              said + (f" The smallest converged budget measured: {verdict}." if verdict else ""), "",
+              "Time per budget (every arm, one cell after another; each cell's build, Q/K solve, training "
+              "and evaluation every tenth of the budget):", "",
+              tabulate([[f"{b} epochs", f"{seconds[b]:.0f}"] for b in budgets if b in seconds],
+                       headers=["budget", "wall s"], tablefmt="github"), ""]
+    if B in seconds and n_train:
+        grid = seconds[B] * (rec_train_images(tiny) / n_train)
+        lines += [f"The main grid's cells at {B} epochs on this {info['card']}: about **{grid / 60:.1f} min** "
+                  f"(the {B}-epoch run's seconds x {rec_train_images(tiny):,}/{n_train:,} training images; the "
+                  "stages evaluate every epoch on the 10,000 test images, this run every tenth of the budget on "
+                  "its validation split), plus the stages' start-ups (one per cell, and download, preoptimize, "
+                  "the reports).", ""]
+    text = "\n".join(lines)
+    (out / "budget.md").write_text(text)
+    return text
+
+
+def rec_train_images(tiny: bool) -> int:
+    from structinit.data.specs import TRAIN_IMAGES
+
+    return TINY["train"] + TINY["validation"] if tiny else TRAIN_IMAGES[DATASET]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=REPO / "results/evidence/fashion_mnist_budget")
+    ap.add_argument("--tiny", action="store_true", help="toy sizes on the CPU: not a measurement")
+    ap.add_argument("--local", type=Path, default=REPO / "datasets/fashion_mnist",
+                    help="the folder the four files may be in (the other routes: docs/fashion-mnist.md)")
+    a = ap.parse_args(argv)
+
+    from structinit.data.specs import get_spec
+    from structinit.data.tensors import prepare_dataset, validation_split
+    from structinit.evidence.epoch_budget import run_budget
+    from structinit.pipeline.load import load_params
+    from structinit.training.common import default_device
+
+    params = load_params(REPO / "params.yaml")
+    rec = params.recipe(DATASET)
+    spec = get_spec(DATASET)
+    device = torch.device("cpu") if a.tiny else default_device()
+    if device.type != "cuda" and not a.tiny:
+        from structinit.pipeline.estimate import training_time_line
+        raise SystemExit("error: no GPU: this is a GPU measurement. "
+                         + training_time_line(DATASET, rec.model, spec, rec.train, 50_000, len(arms(params)) * 5 * 3,
+                                              device="cpu")
+                         + " (every arm's 5 seeds at B and 2B, as 3 B-runs). Use --tiny to run it at toy sizes.")
+    seeds = params["grid"]["seeds"][:TINY["seeds"]] if a.tiny else params["grid"]["seeds"]
+    if a.tiny:
+        rec = type(rec)(rec.dataset, dict(rec.model, **TINY["model"]),
+                        dict(rec.train, epochs=TINY["epochs"], batch_size=TINY["batch_size"], randaugment=None))
+        data = tiny_data(spec, TINY["train"] + TINY["validation"], 8)
+        split = validation_split(data, TINY["validation"], SPLIT_SEED)
+    else:
+        data = prepare_dataset(DATASET, root=REPO / "data/raw", local=a.local)
+        split = validation_split(data, VALIDATION, SPLIT_SEED)
+    info = machine(device)
+    a.out.mkdir(parents=True, exist_ok=True)
+    csv, timing = a.out / "epochs.csv", a.out / "seconds.csv"
+    curves = pd.read_csv(csv) if csv.exists() else pd.DataFrame()
+    seconds_rows = pd.read_csv(timing).to_dict("records") if timing.exists() else []
+    B = rec.train["epochs"]
+    for budget in (B, 2 * B):
+        for arm in arms(params):
+            if len(curves) and ((curves.init == arm) & (curves.budget == budget)).any():
+                print(f"{arm} at {budget} epochs: in {csv} already")
+                continue
+            t = time.perf_counter()
+            rows = run_budget(split, {"model": rec.model, "train": rec.train}, [arm], seeds, budget,
+                              warmup_prefix=rec.train.get("warmup_prefix", False), cpu=info["card"],
+                              dataset=DATASET, eval_every=max(1, budget // 10), device=device)
+            wall = time.perf_counter() - t
+            curves = pd.concat([curves, rows], ignore_index=True)
+            curves.to_csv(csv, index=False)
+            seconds_rows.append({"init": arm, "budget": budget, "wall": wall})
+            pd.DataFrame(seconds_rows).to_csv(timing, index=False)
+            print(f"{arm} at {budget} epochs: {wall:.0f} s, validation acc "
+                  f"{rows.groupby('seed').test_acc.last().mean():.2f} %", flush=True)
+    seconds = {int(b): g.wall.sum() for b, g in pd.DataFrame(seconds_rows).groupby("budget")}
+    curves.attrs.update(train_images=len(split.train_labels), validation_images=len(split.test_labels))
+    print(write_report(a.out, curves, seconds, info, rec, a.tiny))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
