@@ -18,12 +18,13 @@ import os
 import sys
 from pathlib import Path
 
+import torch
 from dvclive import Live
 
 from stages.common import (RESTART_VAR, add_variant_options, log_timings, refuse_cpu_for_gpu_recipe,
                            requested_checkpoint_seconds, restart_requested, run_stage, write_record)
 from structinit.data.specs import STREAMED
-from structinit.data.tensors import ImageData, stratified_subset
+from structinit.data.tensors import ImageData, prepare_dataset, stratified_subset
 from structinit.io import save_torch, without_timings
 from structinit.numerics import numerics_record, package_versions
 from structinit.pipeline.build import CellModel, build_cell_model
@@ -42,7 +43,8 @@ def parse_args():
     ap.add_argument("--dataset", required=True)
     ap.add_argument("--seeds-from", required=True, metavar="KEY",
                     help="the params.yaml key that lists this cell's seeds, e.g. grid.seeds")
-    ap.add_argument("--data", required=True, help="prepared dataset (download stage)")
+    ap.add_argument("--data", required=True, help="prepared dataset (download stage), or a built-in dataset's "
+                                                  "folder (datasets/<name>), prepared here")
     ap.add_argument("--out", required=True, help="folder of per-seed dvclive folders (metrics, curves, init record)")
     ap.add_argument("--model-out", required=True, help="folder of per-seed weights")
     vit = ap.add_argument_group("ViT")
@@ -151,7 +153,9 @@ def main(module: str = "stages.train", load_data=None, train_cell=None):
     # beside the cell's params (the reports' "What ran")
     dtype = compute_dtype(cfgs[0], device, models[0])
     note = precision_note(cfgs[0], device, dtype)            # why fp32 on an older GPU
-    ran_with = {"compute_dtype": dtype, "device": device.type, **({"precision_note": note} if note else {}),
+    # the card's name on a GPU: a report's column says what trained it ("What ran")
+    gpu = {"gpu": torch.cuda.get_device_name(device)} if device.type == "cuda" else {}
+    ran_with = {"compute_dtype": dtype, "device": device.type, **gpu, **({"precision_note": note} if note else {}),
                 "versions": package_versions(), "micro_batch": requested_micro_batch(),
                 **({"cpu": (n := numerics_record())["cpu"], "cpu_threads": n["threads"]}
                    if device.type == "cpu" else {})}
@@ -210,8 +214,14 @@ def cpu_estimate(a, params) -> str:
 
 
 def load_on_device(a, params):
-    """The prepared dataset (download stage): (spec, train labels, the data itself)."""
-    data = ImageData.load(a.data)
+    """The prepared dataset (download stage), or a built-in one prepared here from its folder
+    (--data datasets/<name>: a GPU dataset's frozen stage, which depends on no download stage):
+    (spec, train labels, the data itself)."""
+    if Path(a.data).is_dir():
+        data = prepare_dataset(a.dataset, local=a.data)
+        data.check(a.data)
+    else:
+        data = ImageData.load(a.data)
     return data.spec, data.train_labels, data
 
 

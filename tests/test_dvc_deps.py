@@ -319,3 +319,18 @@ def test_the_generator_fills_each_code_line_with_its_scripts_closure():
     assert "stages/check_params.py" in listed and "structinit/pipeline/params.py" in listed
     with pytest.raises(ValueError, match="stage 'c' has `- CODE` but no"):
         dvc_yaml.render("stages:\n  c:\n    cmd: echo\n    deps:\n      - CODE\n")
+
+
+def test_the_gpu_datasets_stages_are_frozen_and_a_gpu_run_alone_unfreezes_them():
+    text = (REPO / "dvc.yaml").read_text()
+    stages = yaml.safe_load(text)["stages"]
+    gpu = {name for name in stages if name.startswith("train_gpu_")}
+    assert gpu == {"train_gpu_baseline", "train_gpu_impulse"}
+    assert all(stages[name]["frozen"] is True for name in gpu)
+    unfrozen = yaml.safe_load(dvc_yaml.unfrozen_gpu(text))["stages"]
+    assert all(unfrozen[name]["frozen"] is False for name in gpu)
+    # nothing else changes: the evidence stages stay frozen, the rest as they were
+    assert {n: s for n, s in unfrozen.items() if n not in gpu} == {n: s for n, s in stages.items() if n not in gpu}
+    # their deps are their code alone (a frozen stage's deps must exist in a fresh clone)
+    for name in gpu:
+        assert all(not str(d).startswith(("data/", "artifacts/", "results/")) for d in stages[name]["deps"]), name

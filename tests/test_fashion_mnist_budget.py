@@ -31,7 +31,7 @@ def test_tiny_budget_run_reports_and_resumes(tmp_path, monkeypatch, capsys):
     assert sorted(curves.budget.unique()) == [1, 2]
     # every arm, budget and seed; evaluated every epoch at these budgets (1 + 2 epochs)
     assert len(curves) == len(arms) * tool.TINY["seeds"] * 3
-    report = (tmp_path / "budget.md").read_text()
+    report = (tmp_path / "epochs.md").read_text()
     assert "tiny (CPU): not a measurement" in report and "validation split of 32 held out" in report
     assert "Doubling 1 epochs moves" in report and ("is converged" in report or "is NOT converged" in report)
     assert "The main grid's cells at 1 epochs" in report

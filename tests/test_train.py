@@ -164,11 +164,14 @@ def test_eval_every_evaluates_on_schedule_and_always_last(digits):
 
 
 def test_import_structinit_is_light_until_a_model_is_needed():
-    """download/aggregate import structinit.data.tensors / .reporting.tables only: no timm start-up cost."""
+    """download/aggregate import structinit.data.tensors / .reporting.tables only: no timm start-up
+    cost; nor does reaching create_vit: timm is imported when a model is built."""
     import subprocess
     import sys
     code = ("import sys, structinit, structinit.data.tensors, structinit.reporting.tables; "
             "assert 'timm' not in sys.modules, 'timm imported'; "
-            "structinit.create_vit; assert 'timm' in sys.modules; "
+            "make = structinit.create_vit; assert 'timm' not in sys.modules, 'timm imported'; "
+            "make(img_size=8, patch_size=4, embed_dim=8, depth=1, num_heads=2, num_classes=3); "
+            "assert 'timm' in sys.modules; "
             "assert structinit.train_models and 'TrainConfig' in dir(structinit)")
     subprocess.run([sys.executable, "-c", code], check=True)

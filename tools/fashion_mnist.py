@@ -1,7 +1,17 @@
-"""Fashion-MNIST's epoch budget on one GPU, in one command, and the main grid's GPU time from it.
+"""Fashion-MNIST on one GPU, in one command each: its main grid through DVC, and its epoch budget.
 
-    python -m tools.fashion_mnist                     # on a GPU (the data in datasets/fashion_mnist/)
-    python -m tools.fashion_mnist --tiny --out DIR    # toy sizes on the CPU: the suite's run
+    python -m tools.fashion_mnist --grid              # on a GPU: the grid's cells, committed beside digits
+    python -m tools.fashion_mnist                     # on a GPU: the budget at B and 2B (the data in
+                                                      # datasets/fashion_mnist/, or another route)
+    python -m tools.fashion_mnist --tiny --out DIR    # the budget at toy sizes on the CPU: the suite's run
+
+--grid lists fashion_mnist in grid.gpu_datasets (params.yaml), writes dvc.yaml with the GPU
+datasets' stages unfrozen, runs `dvc repro` of its train_gpu_* stages (each trains one cell, every
+seed stacked, from datasets/fashion_mnist), writes dvc.yaml frozen again (so a CPU's `dvc repro`
+never trains them, and reports their committed cells), and writes the time, accuracies and card
+to a file of benchmarks/ named after the card and commit. Commit params.yaml, dvc.lock,
+results/train/fashion_mnist-* and that file; then `dvc repro` on any machine adds the column to
+the reports. --root runs it in another checkout (the suite's tiny copy).
 
 The recipe (params.yaml, recipes.fashion_mnist) trains every arm of the main grid (grid.baselines
 and impulse<k> for each of grid.kernels), each arm's seeds stacked as a cell, at its budget B and
@@ -15,21 +25,27 @@ models, stacked as the stages stack them, on 50,000 images where the grid's cell
 so the grid's training time is B's training seconds x 60/50, to which the stages' start-ups add.
 
 Writes, after each arm and budget (an interrupted run keeps what it finished, and a re-run
-skips it): epochs.csv (validation accuracy at every evaluated epoch, per arm, budget and seed),
-and budget.md (the machine, card, dtype and commit; each budget's time; the doubling table and
-the verdict; the grid's time), in --out (results/evidence/fashion_mnist_budget by default).
+skips it): epochs.csv (validation accuracy at every evaluated epoch, per arm, budget and seed,
+with the cell's wall seconds), and epochs.md (the machine, card, dtype and commit; each budget's
+time; the doubling table and the verdict; the grid's time), in --out
+(results/evidence/fashion_mnist_budget by default), as the digits budget's evidence names them.
 Without a GPU it stops (unless --tiny), saying how long the CPU would take.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 import torch
 from tabulate import tabulate
+
+from tools.probe_file import card_slug
 
 REPO = Path(__file__).resolve().parents[1]
 DATASET = "fashion_mnist"
@@ -43,12 +59,12 @@ def arms(params) -> list[str]:
     return [*params["grid"]["baselines"], *(f"impulse{k}" for k in params["grid"]["kernels"])]
 
 
-def machine(device: torch.device) -> dict:
+def machine(device: torch.device, root: Path = REPO) -> dict:
     from structinit.numerics import numerics_record
 
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else numerics_record()["cpu"]
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
                            text=True).stdout.strip()
     return {"card": card, "device": device.type, "torch": torch.__version__,
             "commit": (head.stdout.strip() or "unknown") + (" (uncommitted changes)" if dirty else "")}
@@ -113,7 +129,7 @@ def write_report(out: Path, curves: pd.DataFrame, seconds: dict, info: dict, rec
                   "its validation split), plus the stages' start-ups (one per cell, and download, preoptimize, "
                   "the reports).", ""]
     text = "\n".join(lines)
-    (out / "budget.md").write_text(text)
+    (out / "epochs.md").write_text(text)
     return text
 
 
@@ -123,13 +139,73 @@ def rec_train_images(tiny: bool) -> int:
     return TINY["train"] + TINY["validation"] if tiny else TRAIN_IMAGES[DATASET]
 
 
+GPU_LIST = re.compile(r"^(  gpu_datasets:) *\[\] *(#.*)?$", re.M)
+
+
+def list_as_gpu_dataset(params_path: Path) -> bool:
+    """params.yaml with fashion_mnist in grid.gpu_datasets (its comments kept); False if it was."""
+    from structinit.pipeline.load import load_params
+
+    if DATASET in (load_params(params_path)["grid"].get("gpu_datasets") or []):
+        return False
+    text = params_path.read_text()
+    if not GPU_LIST.search(text):
+        raise SystemExit(f"error: {params_path}: grid.gpu_datasets is neither [] nor lists {DATASET}: "
+                         f"add {DATASET} to it by hand")
+    params_path.write_text(GPU_LIST.sub(lambda m: f"{m[1]}{' ' * 7}{m[2] or ''}\n    - {DATASET}", text, count=1))
+    assert DATASET in load_params(params_path)["grid"]["gpu_datasets"]
+    return True
+
+
+def run_grid(root: Path, timeout: float | None = None) -> int:
+    """The GPU dataset's cells through DVC in `root` (docstring, --grid); returns dvc's status."""
+    from structinit.pipeline.cells import main_cell, main_inits, main_stage
+    from structinit.pipeline.load import load_params
+    from tools.scratch import pipeline_env, run_dvc
+
+    env = pipeline_env(root)
+    listed = list_as_gpu_dataset(root / "params.yaml")
+    params = load_params(root / "params.yaml")
+    targets = [main_stage("train", DATASET, init, params) for init in main_inits(params)]
+    yaml_cmd = [sys.executable, "-m", "structinit.pipeline.dvc_yaml", "--write"]
+    subprocess.run(yaml_cmd + ["--unfreeze-gpu"], cwd=root, env=env, check=True)
+    t = time.perf_counter()
+    try:
+        code = run_dvc(root, "repro", *targets, env=env, on_line=lambda line: print(line, end="", flush=True),
+                       timeout=timeout)
+    finally:
+        subprocess.run(yaml_cmd, cwd=root, env=env, check=True)          # frozen again, whatever happened
+    wall = time.perf_counter() - t
+    info = machine(torch.device("cuda" if torch.cuda.is_available() else "cpu"), root)
+    rows = []
+    for init in main_inits(params):
+        for seed in params["grid"]["seeds"]:
+            metrics = root / "results/train" / main_cell(DATASET, init) / f"seed{seed}" / "metrics.json"
+            acc = json.loads(metrics.read_text())["final_test_acc"] * 100 if metrics.exists() else None
+            rows.append([init, seed, "-" if acc is None else f"{acc:.2f}"])
+    name = f"fashion_mnist_grid-{card_slug(info['card'])}-{info['commit'].split()[0]}.md"
+    text = (f"# Fashion-MNIST's main grid on one {info['card']} (python -m tools.fashion_mnist --grid)\n\n"
+            f"Machine: {info['card']} ({info['device']}), torch {info['torch']}, commit {info['commit']}.\n"
+            f"`dvc repro` of {len(targets)} stages ({', '.join(targets)}), stage start-ups included: "
+            f"**{wall / 60:.1f} min** (exit {code}{'; params.yaml now lists it' if listed else ''}).\n\n"
+            "Final test accuracy per seed, %:\n\n"
+            + tabulate(rows, headers=["init", "seed", "final test acc %"], tablefmt="github") + "\n")
+    (root / "benchmarks" / name).write_text(text)
+    print(text)
+    return code
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--grid", action="store_true", help="the main grid's cells through DVC (docstring)")
+    ap.add_argument("--root", type=Path, default=REPO, help="with --grid: the checkout to run it in")
     ap.add_argument("--out", type=Path, default=REPO / "results/evidence/fashion_mnist_budget")
     ap.add_argument("--tiny", action="store_true", help="toy sizes on the CPU: not a measurement")
     ap.add_argument("--local", type=Path, default=REPO / "datasets/fashion_mnist",
                     help="the folder the four files may be in (the other routes: docs/fashion-mnist.md)")
     a = ap.parse_args(argv)
+    if a.grid:
+        return run_grid(a.root.resolve())
 
     from structinit.data.specs import get_spec
     from structinit.data.tensors import prepare_dataset, validation_split
@@ -158,9 +234,8 @@ def main(argv=None) -> int:
         split = validation_split(data, VALIDATION, SPLIT_SEED)
     info = machine(device)
     a.out.mkdir(parents=True, exist_ok=True)
-    csv, timing = a.out / "epochs.csv", a.out / "seconds.csv"
+    csv = a.out / "epochs.csv"
     curves = pd.read_csv(csv) if csv.exists() else pd.DataFrame()
-    seconds_rows = pd.read_csv(timing).to_dict("records") if timing.exists() else []
     B = rec.train["epochs"]
     for budget in (B, 2 * B):
         for arm in arms(params):
@@ -172,13 +247,11 @@ def main(argv=None) -> int:
                               warmup_prefix=rec.train.get("warmup_prefix", False), cpu=info["card"],
                               dataset=DATASET, eval_every=max(1, budget // 10), device=device)
             wall = time.perf_counter() - t
-            curves = pd.concat([curves, rows], ignore_index=True)
+            curves = pd.concat([curves, rows.assign(cell_seconds=round(wall, 1))], ignore_index=True)
             curves.to_csv(csv, index=False)
-            seconds_rows.append({"init": arm, "budget": budget, "wall": wall})
-            pd.DataFrame(seconds_rows).to_csv(timing, index=False)
             print(f"{arm} at {budget} epochs: {wall:.0f} s, validation acc "
                   f"{rows.groupby('seed').test_acc.last().mean():.2f} %", flush=True)
-    seconds = {int(b): g.wall.sum() for b, g in pd.DataFrame(seconds_rows).groupby("budget")}
+    seconds = {int(b): g.groupby("init").cell_seconds.first().sum() for b, g in curves.groupby("budget")}
     curves.attrs.update(train_images=len(split.train_labels), validation_images=len(split.test_labels))
     print(write_report(a.out, curves, seconds, info, rec, a.tiny))
     return 0

@@ -76,12 +76,26 @@ def _frozen_stages(root: Path) -> dict[str, dict]:
     return {name: stage for name, stage in stages.items() if stage.get("frozen")}
 
 
+def _frozen_lock_entries(root: Path) -> dict[str, dict]:
+    """dvc.lock's entries of the frozen stages: a plain stage's by its name, a matrix or foreach
+    stage's (the GPU datasets' train_gpu_*) by <name>@<key>."""
+    import yaml
+
+    frozen, lock = _frozen_stages(root), root / "dvc.lock"
+    if not frozen or not lock.exists():
+        return {}
+    entries = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
+    return {name: entry for name, entry in entries.items() if name.split("@")[0] in frozen}
+
+
 def frozen_outputs(root: Path = REPO) -> list[str]:
     """The outputs of dvc.yaml's frozen stages: committed results that DVC never remakes (the
-    costly evidence), which stages downstream read, so even a copy as if nothing had run needs them."""
+    costly evidence, a GPU dataset's cells), which stages downstream read, so even a copy as if
+    nothing had run needs them. A templated stage's come from its dvc.lock entries."""
     outs = [next(iter(o)) if isinstance(o, dict) else o
             for stage in _frozen_stages(root).values() for o in stage.get("outs", [])]
-    return [o for o in outs if "${" not in o]
+    locked = [o["path"] for entry in _frozen_lock_entries(root).values() for o in entry.get("outs", [])]
+    return list(dict.fromkeys([o for o in outs if "${" not in o] + locked))
 
 
 def _frozen_lock(root: Path, dest: Path) -> None:
@@ -90,14 +104,12 @@ def _frozen_lock(root: Path, dest: Path) -> None:
     its inputs, the main grid's cells, do not exist yet in a copy as if nothing had run)."""
     import yaml
 
-    frozen, lock = _frozen_stages(root), root / "dvc.lock"
-    if not frozen or not lock.exists() or (dest / "dvc.lock").exists():
+    if (dest / "dvc.lock").exists():
         return
-    data = yaml.safe_load(lock.read_text()) or {}
-    stages = {name: entry for name, entry in data.get("stages", {}).items() if name in frozen}
+    stages = _frozen_lock_entries(root)
     if stages:
-        (dest / "dvc.lock").write_text(yaml.safe_dump({"schema": data.get("schema", "2.0"), "stages": stages},
-                                                      sort_keys=False))
+        schema = (yaml.safe_load((root / "dvc.lock").read_text()) or {}).get("schema", "2.0")
+        (dest / "dvc.lock").write_text(yaml.safe_dump({"schema": schema, "stages": stages}, sort_keys=False))
 
 
 def copy_working_tree(dest: Path, root: Path = REPO, skip: Iterable[str] = OUTPUTS,

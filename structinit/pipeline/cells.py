@@ -132,13 +132,19 @@ def main_stage(stage: str, dataset: str, init: str, params: dict | None = None) 
     of MAIN_STAGES into <stage>_baseline (matrix key <dataset>-<init>) and <stage>_impulse (key
     <dataset>-<kernel>), so an address is not <stage>@<cell> and DVC takes no wildcard there.
     A dataset read from a local folder has its own templates: train_streamed_impulse@imagenet-3.
-    A variant (grid.variants, so `params` is needed) is <stage>_variant@<dataset>-variant<i>."""
+    A variant (grid.variants, so `params` is needed) is <stage>_variant@<dataset>-variant<i>, and
+    a GPU dataset's cell (grid.gpu_datasets) train_gpu_<baseline|impulse>@...; given no params, the
+    address is the one grid.datasets would give."""
     if stage not in MAIN_STAGES:
         raise ValueError(f"stage {stage!r}: the main grid's stages are {MAIN_STAGES}")
     if params is not None and (address := main_variant_stage(params, stage, dataset, init)):
         return address
     method, kernel = parse_init(init)
-    template = f"{stage}_streamed" if dataset in STREAMED else stage
+    gpu = params is not None and dataset in (params["grid"].get("gpu_datasets") or [])
+    if gpu and stage != "train":
+        raise ValueError(f"{dataset} is a GPU dataset (grid.gpu_datasets): only its cells are trained, "
+                         f"by train_gpu_* stages; it has no {stage} stage")
+    template = f"{stage}_streamed" if dataset in STREAMED else f"{stage}_gpu" if gpu else stage
     if method == IMPULSE:
         return f"{template}_{IMPULSE}@{dataset}-{kernel}"
     return f"{template}_baseline@{main_cell(dataset, init)}"
@@ -156,9 +162,21 @@ def solve_cell(dataset: str, kernel: int) -> str:
 
 def main_datasets(params: dict) -> list[str]:
     """The main grid's datasets, in table order: grid.datasets (trained from tensors on the
-    device), then grid.streamed_datasets (read from a local folder: their own stage templates)."""
+    device), grid.streamed_datasets (read from a local folder: their own stage templates), then
+    grid.gpu_datasets (trained by a GPU in frozen stages: docs/fashion-mnist.md)."""
     grid = params["grid"]
-    return list(grid["datasets"]) + list(grid.get("streamed_datasets") or [])
+    return list(grid["datasets"]) + list(grid.get("streamed_datasets") or []) + list(grid.get("gpu_datasets") or [])
+
+
+def gpu_datasets(params: dict) -> list[str]:
+    """grid.gpu_datasets: trained by a GPU in frozen stages, their cells only (no solve records,
+    no analyses yet: docs/fashion-mnist.md)."""
+    return list(params["grid"].get("gpu_datasets") or [])
+
+
+def table_datasets(params: dict) -> list[str]:
+    """The main table's columns: grid.datasets, then the GPU datasets."""
+    return list(params["grid"]["datasets"]) + gpu_datasets(params)
 
 
 def main_runs(params: dict) -> list[tuple[str, str, int]]:

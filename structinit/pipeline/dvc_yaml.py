@@ -139,11 +139,28 @@ def render(template: str) -> str:
     return HEADER + "  ".join(out)
 
 
+# The GPU datasets' stages (grid.gpu_datasets) are frozen in dvc.yaml: a CPU never trains them.
+# A GPU's run unfreezes them for itself (tools/fashion_mnist.py) and writes the frozen file back.
+GPU_FROZEN = "frozen: true         # GPU"
+
+
+def unfrozen_gpu(text: str) -> str:
+    """dvc.yaml's text with the GPU datasets' stages unfrozen."""
+    if GPU_FROZEN not in text:
+        raise ValueError(f"{TEMPLATE} has no `{GPU_FROZEN}` line: nothing to unfreeze")
+    return text.replace(GPU_FROZEN, "frozen: false        # GPU: unfrozen for a GPU's run")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--write", action="store_true", help="write dvc.yaml (else: say whether it is stale)")
+    ap.add_argument("--unfreeze-gpu", action="store_true",
+                    help="with --write: the GPU datasets' stages unfrozen, for a GPU's run of them only")
     a = ap.parse_args(argv)
+    if a.unfreeze_gpu and not a.write:
+        ap.error("--unfreeze-gpu goes with --write")
     text = render((REPO / TEMPLATE).read_text())
+    text = unfrozen_gpu(text) if a.unfreeze_gpu else text
     if a.write:
         (REPO / TARGET).write_text(text)
         print(f"{TARGET} written from {TEMPLATE}")

@@ -77,11 +77,12 @@ class Variant(_Section):
 class Grid(_Section):
     datasets: list[str]                       # built-in (DATASETS) or own_datasets' names: _dataset_problems
     streamed_datasets: list[Dataset] = []     # read from a local folder (ImageNet): own stage templates
+    gpu_datasets: list[Dataset] = []          # trained by a GPU, in frozen stages (docs/fashion-mnist.md)
     baselines: list[Annotated[str, AfterValidator(lambda name: _kernel_free(name))]]
     variants: list[Variant] = []              # an initializer at other options, a cell each (docs/library.md)
     kernels: Annotated[list[PosInt], Field(min_length=1)]
     seeds: Seeds
-    _unique = field_validator("datasets", "streamed_datasets", "baselines", "kernels", "seeds")(_unique)
+    _unique = field_validator("datasets", "streamed_datasets", "gpu_datasets", "baselines", "kernels", "seeds")(_unique)
 
     @model_validator(mode="after")
     def _variant_names(self):
@@ -90,6 +91,9 @@ class Grid(_Section):
         clash = sorted(set(names) & set(self.baselines))
         if clash:
             raise ValueError(f"variants {clash} are named like a baseline: a variant's name is its own cell's")
+        if self.variants and self.gpu_datasets:
+            raise ValueError("grid.variants train on grid.datasets only; the GPU datasets' frozen stages "
+                             f"have none: empty grid.variants or grid.gpu_datasets (now {self.gpu_datasets})")
         if self.variants and self.streamed_datasets:
             raise ValueError("grid.variants train on grid.datasets only; the streamed datasets' "
                              f"templates have none yet: empty grid.variants or grid.streamed_datasets "
@@ -467,14 +471,20 @@ def _cross_field_problems(p: ParamsSchema, root: str | Path = ".") -> list[tuple
         if d in STREAMED:
             out.append((f"grid.datasets[{i}]", d, "is read from a local folder while training: list it in "
                         "grid.streamed_datasets (its stages are their own: download_streamed, train_streamed_*)"))
+    for i, d in enumerate(g.gpu_datasets):
+        if d in STREAMED or d in g.datasets:
+            out.append((f"grid.gpu_datasets[{i}]", d, "a GPU dataset's cells train in frozen stages of their own, "
+                        "from tensors on the device: list it here only (not in grid.datasets; streamed datasets "
+                        f"{list(STREAMED)} have their own list)"))
     for i, d in enumerate(g.streamed_datasets):
         if d not in STREAMED:
             out.append((f"grid.streamed_datasets[{i}]", d, f"is trained from tensors on the device: list it in "
                         f"grid.datasets (streamed datasets: {list(STREAMED)})"))
     grid_datasets = [d for d in g.datasets if d in image]     # an unknown one is reported above
-    main_datasets = grid_datasets + g.streamed_datasets
+    main_datasets = grid_datasets + g.streamed_datasets + g.gpu_datasets
     used = {("grid.datasets", d) for d in grid_datasets} | {
         ("grid.streamed_datasets", d) for d in g.streamed_datasets} | {
+        ("grid.gpu_datasets", d) for d in g.gpu_datasets} | {
         (f"studies.{name}.datasets", d) for name in cells.STUDIES for d in getattr(s, name).datasets}
     no_folder = set()
     for path, d in sorted(used):

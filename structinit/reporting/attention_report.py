@@ -130,8 +130,10 @@ def attention_report(params: dict, analysis: Path, results: Path, figures: Path,
     grid = params["grid"]
     inits = cells.main_inits(params)
     impulse_inits = [i for i in inits if impulse_kernel(i)]
+    gpu = cells.gpu_datasets(params)        # trained by a GPU in frozen stages, not analysed yet
+    analysed = [(d, i, s) for d, i, s in cells.main_runs(params) if d not in gpu]
     missing = [str(seed_dir(analysis / main_cell(d, i), s)) + ".pt"
-               for d, i, s in cells.main_runs(params)
+               for d, i, s in analysed
                if not seed_dir(analysis / main_cell(d, i), s).with_suffix(".pt").exists()]
     if missing:
         raise MissingFileError(f"missing analyses for {len(missing)} run(s): {missing}")
@@ -142,10 +144,12 @@ def attention_report(params: dict, analysis: Path, results: Path, figures: Path,
                                 seeds=grid["seeds"], images=images[ds]) for ds in grid["datasets"]]
     text = ("# Attention and representations: what each initializer does, at init and after training\n\n"
             "What ran: " + report.what_ran(params, grid["datasets"], grid["seeds"], ran_with(
-                seed_dir(results / main_cell(d, i), s) for d, i, s in cells.main_runs(params)))
+                seed_dir(results / main_cell(d, i), s) for d, i, s in analysed))
             + budget_sentences(read_budget_finals(epoch_budgets, grid["datasets"]),
                                {ds: params["recipes"][ds]["train"]["epochs"] for ds in grid["datasets"]},
                                init_label)
+            + "".join(f" {ds} (grid.gpu_datasets) is not analysed: a GPU dataset's stages train its cells "
+                      "only (docs/fashion-mnist.md)." for ds in gpu)
             + " The main grid's "
             "models (seed by seed), rebuilt at initialization and loaded trained, on the first "
             "test images (stage analyze). Attention figures show the first seed; tables and "

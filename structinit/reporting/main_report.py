@@ -25,7 +25,7 @@ from structinit.reporting.budget import budget_sentence, budget_sentences, read_
 from structinit.reporting.figures.main import write_main_figures
 from structinit.reporting import tables as report
 from structinit.reporting.presentation import init_label
-from structinit.reporting.runs import ran_with, read_cell
+from structinit.reporting.runs import ran_with_by_dataset, read_cell
 
 
 @dataclass(frozen=True)
@@ -226,10 +226,12 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
     if missing:
         raise MissingFileError(f"missing results for {len(missing)} run(s) (cell-seed): {missing}")
     speed = params["contrasts"].get("speed")
-    speed_at = {d: speed_epoch(params["recipes"][d]["train"], speed["fraction"]) for d in grid["datasets"]} \
+    datasets = cells.table_datasets(params)        # the CPU's and the GPU's columns
+    speed_at = {d: speed_epoch(params["recipes"][d]["train"], speed["fraction"]) for d in datasets} \
         if speed else {}
     runs = pd.DataFrame([{"dataset": d, "init": i, "seed": s,
                           **run_row(results / main_cell(d, i), s, speed_at.get(d))} for d, i, s in expected])
+    # a GPU dataset solves its Q/K in its training stage and keeps no solve records
     solves = list(itertools.product(grid["datasets"], grid["kernels"], grid["seeds"]))
 
     def record(folder, d, k, s):
@@ -240,31 +242,30 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
     preopt_runs["official_fit_mse"] = [r["fit_mse"] for r in reference_runs]
 
     budgets = read_budget_finals(epoch_budgets, grid["datasets"])
-    epochs = {ds: params["recipes"][ds]["train"]["epochs"] for ds in grid["datasets"]}
-    figure_paths = write_main_figures(runs, grid["datasets"], inits, figures, budgets, epochs)
+    epochs = {ds: params["recipes"][ds]["train"]["epochs"] for ds in datasets}
+    figure_paths = write_main_figures(runs, datasets, inits, figures, budgets, epochs)
     figures_md = "".join(f"![{path.stem}: each seed's accuracy per initializer]"
                          f"(figures/{figures.name}/{path.name})\n\n" for path in figure_paths)
     texts = {}
-    run = report.what_ran(params, grid["datasets"], grid["seeds"], ran_with(
-        seed_dir(results / main_cell(d, i), s) for d, i, s in expected))
+    run = report.what_ran(params, datasets, grid["seeds"], ran_with_by_dataset(
+        {ds: [seed_dir(results / main_cell(d, i), s) for d, i, s in expected if d == ds] for ds in datasets}))
     run += budget_sentences(budgets, epochs, init_label)
     plan = planned(params)
-    contrasts = {ds: main_contrasts(runs, ds, inits, plan) for ds in grid["datasets"]}
+    contrasts = {ds: main_contrasts(runs, ds, inits, plan) for ds in datasets}
     with stats.recording_conclusions() as main_conclusions:
-        main_block = stats.contrasts_block([c for ds in grid["datasets"] for c in contrasts[ds]], init_label,
+        main_block = stats.contrasts_block([c for ds in datasets for c in contrasts[ds]], init_label,
                                            alpha=plan.alpha, primary_note=lambda c: detectable_line(c, plan.alpha)
                                            ) + plan.not_run(inits)
-        speed_block = speed_section(runs, grid["datasets"], inits, speed, ours, speed_at,
-                                    {ds: params["recipes"][ds]["train"]["epochs"] for ds in grid["datasets"]},
+        speed_block = speed_section(runs, datasets, inits, speed, ours, speed_at, epochs,
                                     plan.alpha, init_label, plan.exploratory_note(init_label)) if speed else ""
     impulse_rows = [i for i in inits if cells.impulse_kernel(i)]
-    kernel_cmp = [c for ds in grid["datasets"] for c in stats.planned_contrasts(
+    kernel_cmp = [c for ds in datasets for c in stats.planned_contrasts(
         {i: by_seed(runs, ds, i) for i in impulse_rows}, family=ds)]
     with stats.recording_conclusions() as kernel_conclusions:
         kernel_block = stats.contrasts_block(kernel_cmp, init_label, title="Differences between kernels") + (
             "\nThe planned test of Imp.-3 vs Imp.-5, where params.yaml names it, is in main_table.md.\n")
-    confound = confound_section(contrasts, grid["datasets"], ours, plan.alpha)
-    table = report.main_table(runs, grid["datasets"], inits, ours)
+    confound = confound_section(contrasts, datasets, ours, plan.alpha)
+    table = report.main_table(runs, datasets, inits, ours)
     texts["main_table.md"] = (
         "# Main table: test accuracy (%) by initializer\n\n"
         "Final-epoch top-1, mean ± std over seeds; in brackets the difference of the means to "
@@ -284,7 +285,7 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
             unreplicated = "\n  " + unmeasured_line("replication") + "."
     primary_lines = [stats.contrast_line(c, init_label, plan.alpha) + "\n" + detectable_line(c, plan.alpha)
                      + (replication_sentence(replicated, c, grid["seeds"], init_label) or unreplicated)
-                     for ds in grid["datasets"] for c in contrasts[ds] if c.role == "primary"]
+                     for ds in datasets for c in contrasts[ds] if c.role == "primary"]
     texts["headline.md"] = (            # what the top-level README quotes (tests/test_readme_numbers.py)
         table + "\n\n"
         "Final-epoch test accuracy (%), mean ± std over seeds (in brackets: difference to Trunc Normal), "
@@ -312,6 +313,6 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
         + report.preopt_table(preopt_runs) + "\n")
     return MainReports(texts, {"main_table.md": stats.conclusions_record("main_table.md", main_conclusions),
                         "kernel_table.md": stats.conclusions_record("kernel_table.md", kernel_conclusions)},
-                report.summary(runs, grid["datasets"], inits, ours,
+                report.summary(runs, datasets, inits, ours,
                                {ds: next((c for c in contrasts[ds] if c.role == "primary"), None)
-                                for ds in grid["datasets"]}), runs)
+                                for ds in datasets}), runs)

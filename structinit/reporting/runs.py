@@ -20,6 +20,7 @@ def ran_with(run_dirs) -> str:
         logged = yaml.safe_load((Path(run) / "params.yaml").read_text())
         dtype = logged.get("compute_dtype", "an unrecorded dtype")
         where = (f"CPU: {logged['cpu']}, {logged['cpu_threads']} threads" if logged.get("device") == "cpu"
+                 else f"{logged['device']}: {logged['gpu']}" if logged.get("gpu")
                  else logged.get("device", "an unrecorded device"))
         key = f"{dtype}{' (autocast)' if dtype == 'bf16' else ''} on {where}"
         seen[key] = seen.get(key, 0) + 1
@@ -31,6 +32,14 @@ def ran_with(run_dirs) -> str:
     def counted(d):
         return "; ".join(f"{k} ({n} run{'s' * (n > 1)})" for k, n in d.items())
     return f"Computed in {counted(seen)}. With {counted(versions)}"
+
+
+def ran_with_by_dataset(runs: dict[str, list]) -> str:
+    """ran_with per dataset ({dataset: its run folders}), each sentence naming its dataset where
+    there are several (a GPU dataset's column beside the CPU's); the plain sentence for one."""
+    if len(runs) == 1:
+        return ran_with(next(iter(runs.values())))
+    return " ".join(f"{ds}: {ran_with(dirs)}." for ds, dirs in runs.items()).rstrip(".")
 
 
 def read_cell(group_dir: Path, seed: int):
