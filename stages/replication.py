@@ -48,7 +48,7 @@ def main():
     kept = a.out / "runs/train"
     with scratch.Scratch("replication", keep=a.keep) as s:
         repo = scratch.copy_working_tree(s.repo, with_outputs=("dvc.lock", "data/prepared"))   # no second download
-        copied = yaml.safe_load((repo / "params.yaml").read_text())
+        copied = dict(load_params(repo / "params.yaml"))      # the one loader; a plain dict to write back
         copied["grid"]["seeds"] = new
         for study in copied.get("studies", {}).values():   # a study's seeds are a subset of the grid's
             if "seeds" in study:                           # (only the main table runs here)

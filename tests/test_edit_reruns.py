@@ -138,6 +138,8 @@ def commit_all(repo, message):
     sh(repo, "git", "commit", "-qm", message)
 
 
+# slow: minutes of dvc repro (pytest -m slow); the default suite keeps tests/test_pipeline.py's tiny repro
+@pytest.mark.slow
 def test_an_initializer_costs_only_its_own_cells(small_repo):
     """docs/library.md's example, as written there: one file, then dvc exp run -S trains its cells
     and nothing else; editing the file retrains them and nothing else; an option swept with -S

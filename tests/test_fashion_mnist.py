@@ -161,9 +161,15 @@ def test_offline_download_fails_in_one_line(tmp_path, monkeypatch):
     assert "(1) put the four files" in msg and "(2) install Debian" in msg and "(3) let torchvision" in msg
 
 
-@pytest.mark.skipif(not fm.DEBIAN_FOLDER.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")
-def test_the_real_files_from_debian_s_package(tmp_path):
-    data = prepare_dataset("fashion_mnist", root=tmp_path / "raw", local=tmp_path / "none", download=False)
+REPO = Path(__file__).resolve().parents[1]
+REAL = [p for p in (REPO / "datasets/fashion_mnist", fm.DEBIAN_FOLDER)
+        if all((p / f"{name}.gz").is_file() or (p / name).is_file() for name in fm.FILES)]
+
+
+@pytest.mark.skipif(not REAL, reason="Fashion-MNIST's files are in neither datasets/fashion_mnist/ nor Debian's "
+                                     "package (./run.sh test fetches the package: tests/setup_data.sh)")
+def test_the_real_files(tmp_path):
+    data = prepare_dataset("fashion_mnist", root=tmp_path / "raw", local=REAL[0], download=False)
     assert data.train_images.shape == (60_000, 1, 28, 28) and data.test_images.shape == (10_000, 1, 28, 28)
     assert data.train_labels.bincount().tolist() == [6000] * 10 and data.test_labels.bincount().tolist() == [1000] * 10
     x = data.train_images.double() / 255

@@ -211,6 +211,8 @@ def test_plots_render(tiny_repo):
     assert set(shown["data"]) == {"test accuracy (%)", "train accuracy (%)", "test loss", "train loss"}
 
 
+# slow: minutes of dvc repro (pytest -m slow); the default suite keeps tests/test_pipeline.py's tiny repro
+@pytest.mark.slow
 def test_one_cell_and_kernel_experiment_and_metrics_diff(tiny_repo):
     repo, _ = tiny_repo
     sh(repo, "git", "add", "-A")
@@ -258,6 +260,8 @@ def test_what_a_change_of_grid_seeds_reruns(tiny_repo):
                    "convmixer_report", "pseudo_input_report", "heads_width_report", "data_size_report"}, ran
 
 
+# slow: minutes of dvc repro (pytest -m slow); the default suite keeps tests/test_pipeline.py's tiny repro
+@pytest.mark.slow
 def test_shrunk_grid_leaves_no_stale_rows(tiny_repo):
     repo, _ = tiny_repo
     sh(repo, "dvc", "exp", "run", "-S", "grid.kernels=[3]", "-S", "init.kernel=3")
@@ -289,6 +293,8 @@ def test_a_dvc_remote_shares_every_trained_cell(tiny_repo, tmp_path):
     assert sh(clone, "git", "status", "--porcelain").stdout == ""
 
 
+# slow: minutes of dvc repro (pytest -m slow); the default suite keeps tests/test_pipeline.py's tiny repro
+@pytest.mark.slow
 def test_the_first_experiment_after_a_clone_retrains_unless_allow_missing(tiny_repo, tmp_path):
     """README, "Right after a clone": a clone has the committed results and reports but none
     of the DVC-tracked outputs (models, prepared data), so `dvc exp run -S init.kernel=5` would

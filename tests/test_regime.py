@@ -1,3 +1,4 @@
+import pytest
 """The regime study (beyond the paper; off the default): its frozen evidence stage, regime
 (stages/regime.py), runs its own cells on top of the main grid's, in a scratch copy, and keeps
 what it found in its output folder."""
@@ -30,6 +31,8 @@ def test_the_default_keeps_the_regime_study_off_with_its_primary_fixed():
     assert _solved_for(params, "digits", "trunc_normal") == "-"
 
 
+# slow: minutes of dvc repro (pytest -m slow); the default suite keeps tests/test_pipeline.py's tiny repro
+@pytest.mark.slow
 def test_the_regime_study_trains_only_its_own_cells_and_reports_mass_norms_and_contrasts(tmp_path):
     repo = tiny_repo_copy(tmp_path)
     arm = {"name": "imp3_m060", "init": "impulse", "options": {"kernel": 3, "target_mass": 0.6}}
