@@ -1,4 +1,3 @@
-import pytest
 """The regime study (beyond the paper; off the default): its frozen evidence stage, regime
 (stages/regime.py), runs its own cells on top of the main grid's, in a scratch copy, and keeps
 what it found in its output folder."""
@@ -6,6 +5,7 @@ import csv
 import json
 import sys
 
+import pytest
 import yaml
 
 from tests.test_pipeline import set_params, sh, tiny_repo_copy
