@@ -47,5 +47,36 @@ def test_without_a_gpu_it_stops_and_says_how_long_the_cpu_would_take(monkeypatch
     monkeypatch.setattr("structinit.training.common.default_device", lambda: torch.device("cpu"))
     monkeypatch.setattr("structinit.pipeline.estimate.training_time_line", lambda *a, **k: "ABOUT 3 days")
     with pytest.raises(SystemExit, match="no GPU: this is a GPU measurement. ABOUT 3 days"):
-        tool.main(["--out", str(tmp_path)])
+        tool.main(["--budget", "--out", str(tmp_path)])
     assert not any(tmp_path.iterdir())
+
+
+def test_without_a_gpu_the_grid_stops_before_touching_params(tmp_path, monkeypatch):
+    monkeypatch.setattr(tool.torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("STRUCTINIT_ALLOW_CPU", raising=False)
+    (tmp_path / "params.yaml").write_text("grid:\n  gpu_datasets: []\n")
+    for argv in (["--grid", "--root", str(tmp_path)], ["--root", str(tmp_path)]):   # the grid alone, or both
+        with pytest.raises(SystemExit, match="no GPU: the grid's stages train on a GPU"):
+            tool.main(argv)
+    assert (tmp_path / "params.yaml").read_text() == "grid:\n  gpu_datasets: []\n"
+
+
+def test_a_grid_that_fails_leaves_params_and_dvc_yaml_as_they_were(tmp_path, monkeypatch):
+    """A frozen stage without its outputs would stop every later `dvc repro`: a failed run takes
+    fashion_mnist off grid.gpu_datasets again, and dvc.yaml is frozen whatever happened."""
+    from tools import scratch
+
+    copy = scratch.copy_working_tree(tmp_path / "repo")
+    before = {f: (copy / f).read_text() for f in ("params.yaml", "dvc.yaml")}
+    seen = []
+
+    def failing_dvc(root, *args, **kw):
+        seen.append(((root / "dvc.yaml").read_text().count("frozen: false"),
+                     "- fashion_mnist" in (root / "params.yaml").read_text()))
+        return 1
+
+    monkeypatch.setattr(scratch, "run_dvc", failing_dvc)
+    monkeypatch.setenv("STRUCTINIT_ALLOW_CPU", "1")
+    assert tool.run_grid(copy) == 1
+    assert seen == [(2, True)]                       # ran with both GPU stages unfrozen, the dataset listed
+    assert {f: (copy / f).read_text() for f in before} == before

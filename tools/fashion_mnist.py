@@ -1,8 +1,9 @@
-"""Fashion-MNIST on one GPU, in one command each: its main grid through DVC, and its epoch budget.
+"""Fashion-MNIST on one GPU in one command: its main grid through DVC, then its epoch budget.
 
-    python -m tools.fashion_mnist --grid              # on a GPU: the grid's cells, committed beside digits
-    python -m tools.fashion_mnist                     # on a GPU: the budget at B and 2B (the data in
-                                                      # datasets/fashion_mnist/, or another route)
+    python -m tools.fashion_mnist                     # on a GPU: both (the data in datasets/fashion_mnist/,
+                                                      # or another route: docs/fashion-mnist.md)
+    python -m tools.fashion_mnist --grid              # the grid's cells alone, committed beside digits
+    python -m tools.fashion_mnist --budget            # the budget alone, at B and 2B
     python -m tools.fashion_mnist --tiny --out DIR    # the budget at toy sizes on the CPU: the suite's run
 
 --grid lists fashion_mnist in grid.gpu_datasets (params.yaml), writes dvc.yaml with the GPU
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -163,7 +165,11 @@ def run_grid(root: Path, timeout: float | None = None) -> int:
     from structinit.pipeline.load import load_params
     from tools.scratch import pipeline_env, run_dvc
 
+    if not torch.cuda.is_available() and os.environ.get("STRUCTINIT_ALLOW_CPU") != "1":
+        raise SystemExit("error: no GPU: the grid's stages train on a GPU (on this CPU each cell would take "
+                         "days: the training stage says how long); STRUCTINIT_ALLOW_CPU=1 runs them anyway")
     env = pipeline_env(root)
+    original = (root / "params.yaml").read_text()
     listed = list_as_gpu_dataset(root / "params.yaml")
     params = load_params(root / "params.yaml")
     targets = [main_stage("train", DATASET, init, params) for init in main_inits(params)]
@@ -176,6 +182,10 @@ def run_grid(root: Path, timeout: float | None = None) -> int:
     finally:
         subprocess.run(yaml_cmd, cwd=root, env=env, check=True)          # frozen again, whatever happened
     wall = time.perf_counter() - t
+    if code and listed:     # a frozen stage without its outputs would stop every later `dvc repro`
+        (root / "params.yaml").write_text(original)
+        print("the grid did not finish: params.yaml no longer lists fashion_mnist in grid.gpu_datasets; "
+              "a re-run resumes each cell from its checkpoint", flush=True)
     info = machine(torch.device("cuda" if torch.cuda.is_available() else "cpu"), root)
     rows = []
     for init in main_inits(params):
@@ -197,15 +207,21 @@ def run_grid(root: Path, timeout: float | None = None) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--grid", action="store_true", help="the main grid's cells through DVC (docstring)")
+    ap.add_argument("--grid", action="store_true", help="the main grid's cells through DVC alone (docstring)")
+    ap.add_argument("--budget", action="store_true", help="the budget at B and 2B alone")
     ap.add_argument("--root", type=Path, default=REPO, help="with --grid: the checkout to run it in")
     ap.add_argument("--out", type=Path, default=REPO / "results/evidence/fashion_mnist_budget")
     ap.add_argument("--tiny", action="store_true", help="toy sizes on the CPU: not a measurement")
     ap.add_argument("--local", type=Path, default=REPO / "datasets/fashion_mnist",
                     help="the folder the four files may be in (the other routes: docs/fashion-mnist.md)")
     a = ap.parse_args(argv)
-    if a.grid:
-        return run_grid(a.root.resolve())
+    if a.tiny and a.grid:
+        ap.error("--tiny runs the budget at toy sizes; the grid's tiny run is a test "
+                 "(tests/test_fashion_mnist_grid.py)")
+    if a.grid or not (a.budget or a.tiny):            # neither flag: the grid, then the budget
+        code = run_grid(a.root.resolve())
+        if a.grid or code:
+            return code
 
     from structinit.data.specs import get_spec
     from structinit.data.tensors import prepare_dataset, validation_split
