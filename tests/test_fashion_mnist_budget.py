@@ -78,5 +78,5 @@ def test_a_grid_that_fails_leaves_params_and_dvc_yaml_as_they_were(tmp_path, mon
     monkeypatch.setattr(scratch, "run_dvc", failing_dvc)
     monkeypatch.setenv("STRUCTINIT_ALLOW_CPU", "1")
     assert tool.run_grid(copy) == 1
-    assert seen == [(2, True)]                       # ran with both GPU stages unfrozen, the dataset listed
+    assert seen == [(3, True)]                       # ran with the 3 GPU stages unfrozen, the dataset listed
     assert {f: (copy / f).read_text() for f in before} == before

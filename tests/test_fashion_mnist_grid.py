@@ -30,6 +30,8 @@ def tiny_params(path):
     p["recipes"]["fashion_mnist"]["train"].update(epochs=1, batch_size=50, randaugment=None)
     for study in p["studies"].values():
         study["datasets"] = []
+    p["studies"]["data_size"].update(inits=["trunc_normal", "impulse3"], seeds=[0])
+    p["studies"]["data_size"]["gpu"] = {"datasets": [], "fractions": [0.5]}
     path.write_text(yaml.safe_dump(p, sort_keys=False))
 
 
@@ -45,15 +47,22 @@ def test_the_grid_runs_unfrozen_then_freezes_and_a_cpu_only_reads_it(tmp_path):
         run = subprocess.run([sys.executable, "-m", "tools.fashion_mnist", "--grid", "--root", str(s.repo)],
                              cwd=s.repo, env=env, capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        assert "fashion_mnist" in load_params(s.repo / "params.yaml")["grid"]["gpu_datasets"]
+        listed = load_params(s.repo / "params.yaml")
+        assert listed["grid"]["gpu_datasets"] == listed["studies"]["data_size"]["gpu"]["datasets"] == ["fashion_mnist"]
+        sized = s.repo / "results/studies/data_size/fashion_mnist-0.5-impulse3/seed0"
+        logged = yaml.safe_load((sized / "params.yaml").read_text())
+        assert (sized / "metrics.json").exists() and logged["train_images"] == 100 and logged["match_steps"]
         cells = {c: s.repo / "results/train" / f"fashion_mnist-{c}" for c in ("trunc_normal", "impulse3")}
         for cell in cells.values():
             assert (cell / "seed0/metrics.json").exists() and (cell / "seed1/metrics.json").exists()
         # frozen again: a CPU's repro of them trains nothing, and DVC reports them up to date
         stages = yaml.safe_load((s.repo / "dvc.yaml").read_text())["stages"]
-        assert stages["train_gpu_baseline"]["frozen"] is True and stages["train_gpu_impulse"]["frozen"] is True
+        gpu_stages = ("train_gpu_baseline", "train_gpu_impulse", "study_data_size_gpu")
+        assert all(stages[n]["frozen"] is True for n in gpu_stages)
         lock = yaml.safe_load((s.repo / "dvc.lock").read_text())["stages"]
-        assert {"train_gpu_baseline@fashion_mnist-trunc_normal", "train_gpu_impulse@fashion_mnist-3"} <= set(lock)
+        assert {"train_gpu_baseline@fashion_mnist-trunc_normal", "train_gpu_impulse@fashion_mnist-3",
+                "study_data_size_gpu@fashion_mnist-0.5-trunc_normal", "study_data_size_gpu@fashion_mnist-0.5-impulse3"
+                } <= set(lock)
         status = scratch.run_dvc(s.repo, "status", "train_gpu_baseline", "train_gpu_impulse", env=env,
                                  log=s.root / "status.log")
         assert status == 0 and "changed" not in (s.root / "status.log").read_text()
@@ -85,3 +94,9 @@ def test_the_grid_runs_unfrozen_then_freezes_and_a_cpu_only_reads_it(tmp_path):
         assert set(out.summary) == {"digits", "fashion_mnist"}                 # dvc metrics: both columns
         assert out.summary["fashion_mnist"]["primary"]["n"] == 2
         assert "fashion_mnist" in set(out.runs.dataset)
+        # ... and the data-size study's: its own sizes, the 100 % points its main cells
+        from structinit.reporting.study_reports import data_size
+
+        sizes = data_size(params, s.repo / "results/train", s.repo / "results/studies", tmp_path / "data_size.md",
+                          tmp_path / "figures")
+        assert "fashion_mnist" in sizes and "100 images (50 %)" in sizes and "200 images (100 %)" in sizes

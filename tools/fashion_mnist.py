@@ -141,22 +141,38 @@ def rec_train_images(tiny: bool) -> int:
     return TINY["train"] + TINY["validation"] if tiny else TRAIN_IMAGES[DATASET]
 
 
-GPU_LIST = re.compile(r"^(  gpu_datasets:) *\[\] *(#.*)?$", re.M)
+# the two lists a GPU dataset joins: its main cells' and its data-size study's, each `[]` until then
+GPU_LISTS = {"grid.gpu_datasets": re.compile(r"^(  gpu_datasets:) *\[\] *(#.*)?$", re.M),
+             "studies.data_size.gpu.datasets": re.compile(r"^(      datasets:) *\[\] *(#.*)?$", re.M)}
+
+
+def listed_in(params: dict, dotted: str) -> list:
+    node = params
+    for key in dotted.split("."):
+        node = (node or {}).get(key)
+    return list(node or [])
 
 
 def list_as_gpu_dataset(params_path: Path) -> bool:
-    """params.yaml with fashion_mnist in grid.gpu_datasets (its comments kept); False if it was."""
+    """params.yaml with fashion_mnist in grid.gpu_datasets and studies.data_size.gpu.datasets
+    (its comments kept); False if both listed it."""
     from structinit.pipeline.load import load_params
 
-    if DATASET in (load_params(params_path)["grid"].get("gpu_datasets") or []):
-        return False
-    text = params_path.read_text()
-    if not GPU_LIST.search(text):
-        raise SystemExit(f"error: {params_path}: grid.gpu_datasets is neither [] nor lists {DATASET}: "
-                         f"add {DATASET} to it by hand")
-    params_path.write_text(GPU_LIST.sub(lambda m: f"{m[1]}{' ' * 7}{m[2] or ''}\n    - {DATASET}", text, count=1))
-    assert DATASET in load_params(params_path)["grid"]["gpu_datasets"]
-    return True
+    changed = False
+    for dotted, pattern in GPU_LISTS.items():
+        if DATASET in listed_in(load_params(params_path), dotted):
+            continue
+        text = params_path.read_text()
+        match = pattern.search(text)          # by its indentation, the only such line (tested)
+        if match is None:
+            raise SystemExit(f"error: {params_path}: {dotted} is neither [] nor lists {DATASET}: add it by hand")
+        indent = " " * (len(match[1]) - len(match[1].lstrip()) + 2)
+        pad = " " * (match.start(2) - match.end(1)) if match[2] else ""       # the comment keeps its column
+        text = text[:match.start()] + f"{match[1]}{pad}{match[2] or ''}\n{indent}- {DATASET}" + text[match.end():]
+        params_path.write_text(text)
+        assert DATASET in listed_in(load_params(params_path), dotted), dotted
+        changed = True
+    return changed
 
 
 def run_grid(root: Path, timeout: float | None = None) -> int:
@@ -172,7 +188,10 @@ def run_grid(root: Path, timeout: float | None = None) -> int:
     original = (root / "params.yaml").read_text()
     listed = list_as_gpu_dataset(root / "params.yaml")
     params = load_params(root / "params.yaml")
-    targets = [main_stage("train", DATASET, init, params) for init in main_inits(params)]
+    size = params["studies"]["data_size"]
+    targets = ([main_stage("train", DATASET, init, params) for init in main_inits(params)]
+               + [f"study_data_size_gpu@{DATASET}-{f}-{init}"
+                  for f in size["gpu"]["fractions"] for init in size["inits"]])
     yaml_cmd = [sys.executable, "-m", "structinit.pipeline.dvc_yaml", "--write"]
     subprocess.run(yaml_cmd + ["--unfreeze-gpu"], cwd=root, env=env, check=True)
     t = time.perf_counter()

@@ -236,11 +236,13 @@ def study_runs(params: dict, study: str, main: str | Path, studies: str | Path) 
                  for d, z, i, seed in itertools.product(s["datasets"], s["shapes"], s["inits"], s["seeds"])]
                 + [Run(main / main_cell(d, i), seed, dict(dataset=d, shape="recipe", init=i))
                    for d, i, seed in itertools.product(s["datasets"], s["inits"], s["seeds"])])
-    # data_size
+    # data_size: each dataset at its own fractions (a GPU dataset's: studies.data_size.gpu)
+    gpu = s.get("gpu") or {}
+    sizes = [(d, s["fractions"]) for d in s["datasets"]] + [(d, gpu["fractions"]) for d in gpu.get("datasets") or []]
     return ([Run(own / study_cell(d, f, i), seed, dict(dataset=d, fraction=f, init=i))
-             for d, f, i, seed in itertools.product(s["datasets"], s["fractions"], s["inits"], s["seeds"])]
+             for d, fractions in sizes for f, i, seed in itertools.product(fractions, s["inits"], s["seeds"])]
             + [Run(main / main_cell(d, i), seed, dict(dataset=d, fraction=1.0, init=i))
-               for d, i, seed in itertools.product(s["datasets"], s["inits"], s["seeds"])])
+               for (d, _), i, seed in itertools.product(sizes, s["inits"], s["seeds"])])
 
 
 def ours(params: dict) -> str:

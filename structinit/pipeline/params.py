@@ -360,13 +360,23 @@ class HeadsWidthStudy(_Section):
     _inits = field_validator("inits")(_initializers)
 
 
+Fraction = Annotated[float, Field(gt=0, lt=1)]
+
+
+class DataSizeGpu(_Section):             # a GPU dataset's own sizes, in frozen stages as its main cells
+    datasets: list[Dataset] = []         # a subset of grid.gpu_datasets (python -m tools.fashion_mnist lists it)
+    fractions: Annotated[list[Fraction], Field(min_length=1)] = [0.05, 0.2]
+    _unique = field_validator("datasets", "fractions")(_unique)
+
+
 class DataSizeStudy(_Section):
     datasets: list[Dataset]              # [] = the study is off (its report says how to bring it back)
     # of the main grid's training set (its 100 % point, reused): 1 itself is not trained again
-    fractions: Annotated[list[Annotated[float, Field(gt=0, lt=1)]], Field(min_length=1)]
+    fractions: Annotated[list[Fraction], Field(min_length=1)]
     inits: Annotated[list[str], Field(min_length=1)]
     seeds: Seeds
     contrasts: StudyContrasts            # arms: initializers, compared within each size (and their gaps' changes)
+    gpu: DataSizeGpu = DataSizeGpu()     # the GPU datasets' sizes (docs/fashion-mnist.md)
     _unique = field_validator("datasets", "fractions", "inits", "seeds")(_unique)
     _inits = field_validator("inits")(_initializers)
 
@@ -638,15 +648,21 @@ def _is_variant(name: str) -> bool:
 def _data_size_problems(p: ParamsSchema) -> list:
     """Each fraction of each dataset's main-grid training set must hold one batch of its
     recipe: the study keeps the batch size and matches the optimizer's steps (steps.py)."""
-    out = []
-    for d in p.studies.data_size.datasets:
+    out, s = [], p.studies.data_size
+    for i, d in enumerate(s.gpu.datasets):
+        if d not in p.grid.gpu_datasets:
+            out.append((f"studies.data_size.gpu.datasets[{i}]", d, "its cells train in frozen GPU stages beside "
+                        f"the main grid's: list it in grid.gpu_datasets too (now {p.grid.gpu_datasets})"))
+    sizes = (("studies.data_size.fractions", s.datasets, s.fractions),
+             ("studies.data_size.gpu.fractions", s.gpu.datasets, s.gpu.fractions))
+    for (where, _, fractions), d in ((size, d) for size in sizes for d in size[1]):
         if d not in p.recipes:
             continue                                 # reported above: no recipe
         n_main = subset_size(TRAIN_IMAGES[d], p.data.train_size)
         batch = p.recipes[d].train.batch_size
-        for i, f in enumerate(p.studies.data_size.fractions):
+        for i, f in enumerate(fractions):
             if (count := subset_size(n_main, f)) < batch:
-                out.append((f"studies.data_size.fractions[{i}]", f,
+                out.append((f"{where}[{i}]", f,
                             f"{count} of the main grid's {n_main} {d} training images, fewer than "
                             f"one batch ({batch}); allowed: fractions >= {batch / n_main:.3g}"))
     return out
