@@ -50,6 +50,8 @@ def main():
         repo = scratch.copy_working_tree(s.repo, with_outputs=("dvc.lock", "data/prepared"))   # no second download
         copied = dict(load_params(repo / "params.yaml"))      # the one loader; a plain dict to write back
         copied["grid"]["seeds"] = new
+        copied["grid"]["gpu_datasets"] = []            # a GPU's frozen cells are at grid.seeds only
+        copied["studies"]["data_size"].get("gpu", {})["datasets"] = []
         for study in copied.get("studies", {}).values():   # a study's seeds are a subset of the grid's
             if "seeds" in study:                           # (only the main table runs here)
                 study["seeds"] = new[:len(study["seeds"])]

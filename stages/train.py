@@ -207,7 +207,7 @@ def cpu_estimate(a, params) -> str:
     images = TRAIN_IMAGES.get(a.dataset, 0)
     size = params["data"]["train_size"]
     images = images if size is None else (round(size * images) if isinstance(size, float) else min(size, images))
-    if a.train_fraction is not None:
+    if a.train_fraction is not None and not a.match_steps:   # matched steps: the main grid's images' worth
         images = round(a.train_fraction * images)
     return training_time_line(a.dataset, rec.model, get_spec(a.dataset), rec.train, images,
                               len(params.seeds_at(a.seeds_from)), device="cpu")

@@ -70,6 +70,10 @@ def test_the_local_folder_route(tmp_path, gz):
 def test_the_system_package_route_and_local_first(tmp_path):
     files, other = tiny_files(seed=0), tiny_files(seed=1)
     write(tmp_path / "debian", files, gz=True)
+    write(tmp_path / "local", files, gz=False)           # valid in both routes: the folder wins
+    found = fm.place_files(tmp_path / "first", tmp_path / "local", tmp_path / "debian", download=False,
+                           expected=digests(files))
+    assert all(src.startswith(str(tmp_path / "local")) for src in found.values())
     found = fm.place_files(tmp_path / "raw", tmp_path / "empty", tmp_path / "debian", download=False,
                            expected=digests(files))
     assert all(src.startswith(str(tmp_path / "debian")) for src in found.values())

@@ -41,6 +41,11 @@ def test_tiny_budget_run_reports_and_resumes(tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     assert tool.main(["--tiny", "--out", str(tmp_path)]) == 0
     assert capsys.readouterr().out.count("already") == len(arms) * 2
+    # ... and never mixes in rows of another recipe: the file's rows carry theirs
+    frame = pd.read_csv(tmp_path / "epochs.csv")
+    frame.assign(recipe="0123456789ab").to_csv(tmp_path / "epochs.csv", index=False)
+    with pytest.raises(SystemExit, match="holds runs of another recipe"):
+        tool.main(["--tiny", "--out", str(tmp_path)])
 
 
 def test_without_a_gpu_it_stops_and_says_how_long_the_cpu_would_take(monkeypatch, tmp_path):
@@ -80,3 +85,26 @@ def test_a_grid_that_fails_leaves_params_and_dvc_yaml_as_they_were(tmp_path, mon
     assert tool.run_grid(copy) == 1
     assert seen == [(3, True)]                       # ran with the 3 GPU stages unfrozen, the dataset listed
     assert {f: (copy / f).read_text() for f in before} == before
+
+
+def test_listing_the_dataset_edits_exactly_its_two_lists_in_params_yaml(tmp_path):
+    from structinit.pipeline.load import load_params
+
+    path = tmp_path / "params.yaml"
+    path.write_text((tool.REPO / "params.yaml").read_text())
+    before = path.read_text().splitlines()
+    assert tool.list_as_gpu_dataset(path) is True
+    after = path.read_text().splitlines()
+    added = [line for line in after if line not in before]
+    assert [line.strip() for line in added if line.strip().startswith("-")] == ["- fashion_mnist"] * 2
+    assert len(after) == len(before) + 2
+    p = load_params(path)
+    assert p["grid"]["gpu_datasets"] == p["studies"]["data_size"]["gpu"]["datasets"] == ["fashion_mnist"]
+    assert {k: v for k, v in p.items() if k not in ("grid", "studies")} == {
+        k: v for k, v in load_params(tool.REPO / "params.yaml").items() if k not in ("grid", "studies")}
+    assert tool.list_as_gpu_dataset(path) is False and path.read_text().splitlines() == after
+
+
+def test_a_tiny_budget_needs_its_own_folder():
+    with pytest.raises(SystemExit):
+        tool.main(["--tiny"])

@@ -100,3 +100,13 @@ def test_the_grid_runs_unfrozen_then_freezes_and_a_cpu_only_reads_it(tmp_path):
         sizes = data_size(params, s.repo / "results/train", s.repo / "results/studies", tmp_path / "data_size.md",
                           tmp_path / "figures")
         assert "fashion_mnist" in sizes and "100 images (50 %)" in sizes and "200 images (100 %)" in sizes
+        # beside digits' own sizes (its committed study cells), each dataset's columns its own
+        shutil.copytree(REPO / "results/studies/data_size", s.repo / "results/studies/data_size", dirs_exist_ok=True)
+        params["studies"]["data_size"].update(datasets=["digits"], fractions=[0.1])
+        both = data_size(params, s.repo / "results/train", s.repo / "results/studies", tmp_path / "data_size.md",
+                         tmp_path / "figures")
+        rows = [line for line in both.splitlines() if line.startswith("| digits") or line.startswith("| fashion")]
+        assert any("(10 %)" in r for r in rows if r.startswith("| digits"))
+        assert not any("(50 %)" in r for r in rows if r.startswith("| digits"))
+        assert any("(50 %)" in r for r in rows if r.startswith("| fashion_mnist"))
+        assert "fashion_mnist: the paper's recipe" in both and "digits: the paper's recipe" in both

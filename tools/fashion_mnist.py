@@ -10,9 +10,9 @@
 datasets' stages unfrozen, runs `dvc repro` of its train_gpu_* stages (each trains one cell, every
 seed stacked, from datasets/fashion_mnist), writes dvc.yaml frozen again (so a CPU's `dvc repro`
 never trains them, and reports their committed cells), and writes the time, accuracies and card
-to a file of benchmarks/ named after the card and commit. Commit params.yaml, dvc.lock,
-results/train/fashion_mnist-* and that file; then `dvc repro` on any machine adds the column to
-the reports. --root runs it in another checkout (the suite's tiny copy).
+to a file of benchmarks/ named after the card and commit; it prints what to commit (params.yaml,
+dvc.lock, the cells in results/train/ and results/studies/data_size/, that file); then `dvc
+repro` on any machine adds the column to the reports. --root runs it in another checkout (the suite's tiny copy).
 
 The recipe (params.yaml, recipes.fashion_mnist) trains every arm of the main grid (grid.baselines
 and impulse<k> for each of grid.kernels), each arm's seeds stacked as a cell, at its budget B and
@@ -30,11 +30,13 @@ skips it): epochs.csv (validation accuracy at every evaluated epoch, per arm, bu
 with the cell's wall seconds), and epochs.md (the machine, card, dtype and commit; each budget's
 time; the doubling table and the verdict; the grid's time), in --out
 (results/evidence/fashion_mnist_budget by default), as the digits budget's evidence names them.
-Without a GPU it stops (unless --tiny), saying how long the CPU would take.
+Without a GPU the budget stops (unless --tiny), saying how long the CPU would take; so does the
+grid, before touching anything, unless STRUCTINIT_ALLOW_CPU=1.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -155,72 +157,95 @@ def listed_in(params: dict, dotted: str) -> list:
 
 def list_as_gpu_dataset(params_path: Path) -> bool:
     """params.yaml with fashion_mnist in grid.gpu_datasets and studies.data_size.gpu.datasets
-    (its comments kept); False if both listed it."""
+    (its comments kept; each list found by its indentation: tests/test_fashion_mnist_budget.py);
+    False if both listed it. The new text is checked before it is written."""
+    import tempfile
+
     from structinit.pipeline.load import load_params
 
-    changed = False
+    text = params_path.read_text()
     for dotted, pattern in GPU_LISTS.items():
         if DATASET in listed_in(load_params(params_path), dotted):
             continue
-        text = params_path.read_text()
-        match = pattern.search(text)          # by its indentation, the only such line (tested)
+        match = pattern.search(text)
         if match is None:
             raise SystemExit(f"error: {params_path}: {dotted} is neither [] nor lists {DATASET}: add it by hand")
         indent = " " * (len(match[1]) - len(match[1].lstrip()) + 2)
         pad = " " * (match.start(2) - match.end(1)) if match[2] else ""       # the comment keeps its column
         text = text[:match.start()] + f"{match[1]}{pad}{match[2] or ''}\n{indent}- {DATASET}" + text[match.end():]
-        params_path.write_text(text)
-        assert DATASET in listed_in(load_params(params_path), dotted), dotted
-        changed = True
-    return changed
+    if text == params_path.read_text():
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        check = Path(tmp) / "params.yaml"
+        check.write_text(text)
+        wrong = [d for d in GPU_LISTS if DATASET not in listed_in(load_params(check), d)]
+        if wrong:
+            raise SystemExit(f"error: {params_path}: could not list {DATASET} in {wrong}: add it by hand")
+    params_path.write_text(text)
+    return True
 
 
 def run_grid(root: Path, timeout: float | None = None) -> int:
-    """The GPU dataset's cells through DVC in `root` (docstring, --grid); returns dvc's status."""
-    from structinit.pipeline.cells import main_cell, main_inits, main_stage
+    """The GPU dataset's cells through DVC in `root` (docstring, --grid): the main grid's, then
+    the data-size study's, each group timed. Returns dvc's status. If it does not finish (an
+    error, Ctrl-C), params.yaml is written back as it was: a frozen stage without its outputs
+    would stop every later `dvc repro`."""
+    from structinit.pipeline.cells import main_cell, main_inits, main_stage, study_cell
     from structinit.pipeline.load import load_params
     from tools.scratch import pipeline_env, run_dvc
 
     if not torch.cuda.is_available() and os.environ.get("STRUCTINIT_ALLOW_CPU") != "1":
         raise SystemExit("error: no GPU: the grid's stages train on a GPU (on this CPU each cell would take "
                          "days: the training stage says how long); STRUCTINIT_ALLOW_CPU=1 runs them anyway")
+    info = machine(torch.device("cuda" if torch.cuda.is_available() else "cpu"), root)   # before any edit
     env = pipeline_env(root)
     original = (root / "params.yaml").read_text()
-    listed = list_as_gpu_dataset(root / "params.yaml")
-    params = load_params(root / "params.yaml")
-    size = params["studies"]["data_size"]
-    targets = ([main_stage("train", DATASET, init, params) for init in main_inits(params)]
-               + [f"study_data_size_gpu@{DATASET}-{f}-{init}"
-                  for f in size["gpu"]["fractions"] for init in size["inits"]])
     yaml_cmd = [sys.executable, "-m", "structinit.pipeline.dvc_yaml", "--write"]
-    subprocess.run(yaml_cmd + ["--unfreeze-gpu"], cwd=root, env=env, check=True)
-    t = time.perf_counter()
+    code, seconds, finished = 1, {}, False
     try:
-        code = run_dvc(root, "repro", *targets, env=env, on_line=lambda line: print(line, end="", flush=True),
-                       timeout=timeout)
+        listed = list_as_gpu_dataset(root / "params.yaml")
+        params = load_params(root / "params.yaml")
+        size = params["studies"]["data_size"]
+        groups = {"main grid": [main_stage("train", DATASET, init, params) for init in main_inits(params)],
+                  "data-size study": [f"study_data_size_gpu@{DATASET}-{f}-{init}"
+                                      for f in size["gpu"]["fractions"] for init in size["inits"]]}
+        subprocess.run(yaml_cmd + ["--unfreeze-gpu"], cwd=root, env=env, check=True)
+        for group, targets in groups.items():
+            t = time.perf_counter()
+            code = run_dvc(root, "repro", *targets, env=env, timeout=timeout,
+                           on_line=lambda line: print(line, end="", flush=True))
+            seconds[group] = time.perf_counter() - t
+            if code:
+                break
+        finished = code == 0
     finally:
-        subprocess.run(yaml_cmd, cwd=root, env=env, check=True)          # frozen again, whatever happened
-    wall = time.perf_counter() - t
-    if code and listed:     # a frozen stage without its outputs would stop every later `dvc repro`
-        (root / "params.yaml").write_text(original)
-        print("the grid did not finish: params.yaml no longer lists fashion_mnist in grid.gpu_datasets; "
-              "a re-run resumes each cell from its checkpoint", flush=True)
-    info = machine(torch.device("cuda" if torch.cuda.is_available() else "cpu"), root)
+        subprocess.run(yaml_cmd, cwd=root, env=env, check=False)         # frozen again, whatever happened
+        if not finished:
+            (root / "params.yaml").write_text(original)
+            print("\nthe grid did not finish: params.yaml is as it was. A stage that ran and failed had its "
+                  "outputs removed by DVC: `git checkout -- results/` brings committed ones back; a re-run "
+                  "resumes each cell from its checkpoint", flush=True)
     rows = []
     for init in main_inits(params):
         for seed in params["grid"]["seeds"]:
             metrics = root / "results/train" / main_cell(DATASET, init) / f"seed{seed}" / "metrics.json"
             acc = json.loads(metrics.read_text())["final_test_acc"] * 100 if metrics.exists() else None
             rows.append([init, seed, "-" if acc is None else f"{acc:.2f}"])
+    cells = [f"results/train/{main_cell(DATASET, i)}" for i in main_inits(params)] + [
+        f"results/studies/data_size/{study_cell(DATASET, f, i)}"
+        for f in size["gpu"]["fractions"] for i in size["inits"]]
     name = f"fashion_mnist_grid-{card_slug(info['card'])}-{info['commit'].split()[0]}.md"
-    text = (f"# Fashion-MNIST's main grid on one {info['card']} (python -m tools.fashion_mnist --grid)\n\n"
-            f"Machine: {info['card']} ({info['device']}), torch {info['torch']}, commit {info['commit']}.\n"
-            f"`dvc repro` of {len(targets)} stages ({', '.join(targets)}), stage start-ups included: "
-            f"**{wall / 60:.1f} min** (exit {code}{'; params.yaml now lists it' if listed else ''}).\n\n"
-            "Final test accuracy per seed, %:\n\n"
+    text = (f"# Fashion-MNIST on one {info['card']} (python -m tools.fashion_mnist --grid)\n\n"
+            f"Machine: {info['card']} ({info['device']}), torch {info['torch']}, commit {info['commit']}"
+            f"{'; this run listed it in params.yaml' if listed and finished else ''}. `dvc repro` exit {code}.\n\n"
+            + tabulate([[g, len(groups[g]), f"{seconds[g] / 60:.1f}"] for g in seconds],
+                       headers=["stages", "cells", "min (dvc repro, stage start-ups included)"], tablefmt="github")
+            + "\n\nThe main grid's final test accuracy per seed, %:\n\n"
             + tabulate(rows, headers=["init", "seed", "final test acc %"], tablefmt="github") + "\n")
     (root / "benchmarks" / name).write_text(text)
     print(text)
+    if finished:
+        print("commit: params.yaml dvc.lock " + " ".join(cells) + f" benchmarks/{name}")
     return code
 
 
@@ -228,7 +253,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--grid", action="store_true", help="the main grid's cells through DVC alone (docstring)")
     ap.add_argument("--budget", action="store_true", help="the budget at B and 2B alone")
-    ap.add_argument("--root", type=Path, default=REPO, help="with --grid: the checkout to run it in")
+    ap.add_argument("--root", type=Path, default=REPO, help="with --grid: the checkout to run it in (the budget "
+                                                            "reads this checkout's params.yaml)")
     ap.add_argument("--out", type=Path, default=REPO / "results/evidence/fashion_mnist_budget")
     ap.add_argument("--tiny", action="store_true", help="toy sizes on the CPU: not a measurement")
     ap.add_argument("--local", type=Path, default=REPO / "datasets/fashion_mnist",
@@ -237,9 +263,11 @@ def main(argv=None) -> int:
     if a.tiny and a.grid:
         ap.error("--tiny runs the budget at toy sizes; the grid's tiny run is a test "
                  "(tests/test_fashion_mnist_grid.py)")
-    if a.grid or not (a.budget or a.tiny):            # neither flag: the grid, then the budget
+    if a.tiny and a.out == ap.get_default("out"):
+        ap.error("--tiny writes a toy run: give it its own --out (not the real budget's folder)")
+    if a.grid or not (a.budget or a.tiny):            # neither flag (or both): the grid, then the budget
         code = run_grid(a.root.resolve())
-        if a.grid or code:
+        if code or (a.grid and not a.budget):
             return code
 
     from structinit.data.specs import get_spec
@@ -271,6 +299,12 @@ def main(argv=None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     csv = a.out / "epochs.csv"
     curves = pd.read_csv(csv) if csv.exists() else pd.DataFrame()
+    # what a row was trained with: a re-run resumes only the same recipe, seeds and split
+    recipe = hashlib.sha256(json.dumps([rec.model, rec.train, seeds, len(split.test_labels), SPLIT_SEED],
+                                       sort_keys=True).encode()).hexdigest()[:12]
+    if len(curves) and set(curves.get("recipe", pd.Series(["unrecorded"])).astype(str)) != {recipe}:
+        raise SystemExit(f"error: {csv} holds runs of another recipe, seeds or split than this one ({recipe}): "
+                         "give another --out, or delete it to start over")
     B = rec.train["epochs"]
     for budget in (B, 2 * B):
         for arm in arms(params):
@@ -282,7 +316,7 @@ def main(argv=None) -> int:
                               warmup_prefix=rec.train.get("warmup_prefix", False), cpu=info["card"],
                               dataset=DATASET, eval_every=max(1, budget // 10), device=device)
             wall = time.perf_counter() - t
-            curves = pd.concat([curves, rows.assign(cell_seconds=round(wall, 1))], ignore_index=True)
+            curves = pd.concat([curves, rows.assign(cell_seconds=round(wall, 1), recipe=recipe)], ignore_index=True)
             curves.to_csv(csv, index=False)
             print(f"{arm} at {budget} epochs: {wall:.0f} s, validation acc "
                   f"{rows.groupby('seed').test_acc.last().mean():.2f} %", flush=True)

@@ -66,8 +66,8 @@ def quick_params(params: dict, epochs: int = EPOCHS, seeds: list[int] = SEEDS, a
     if not kernels:
         raise ValueError(f"--arms {arms}: name at least one structured-init arm (e.g. impulse3): it is what the "
                          "quick look compares")
-    grid.update(datasets=[DATASET], streamed_datasets=[], variants=[], seeds=list(seeds), kernels=kernels,
-                baselines=[a for a in arms if cells.impulse_kernel(a) is None])
+    grid.update(datasets=[DATASET], streamed_datasets=[], gpu_datasets=[], variants=[], seeds=list(seeds),
+                kernels=kernels, baselines=[a for a in arms if cells.impulse_kernel(a) is None])
     if p["init"]["kernel"] not in kernels:
         p["init"]["kernel"] = kernels[0]
     train = p["recipes"][DATASET]["train"]
@@ -85,6 +85,8 @@ def quick_params(params: dict, epochs: int = EPOCHS, seeds: list[int] = SEEDS, a
     if p["studies"]["pseudo_input"]["kernel"] not in kernels:
         p["studies"]["pseudo_input"]["kernel"] = kernels[0]
     p["studies"]["regime"]["datasets"] = []
+    if "gpu" in p["studies"]["data_size"]:            # a GPU dataset's frozen cells are not this grid's
+        p["studies"]["data_size"]["gpu"]["datasets"] = []
     for item in overrides:
         key, _, raw = item.partition("=")
         if not _:

@@ -248,7 +248,8 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
                          f"(figures/{figures.name}/{path.name})\n\n" for path in figure_paths)
     texts = {}
     run = report.what_ran(params, datasets, grid["seeds"], ran_with_by_dataset(
-        {ds: [seed_dir(results / main_cell(d, i), s) for d, i, s in expected if d == ds] for ds in datasets}))
+        {ds: [seed_dir(results / main_cell(d, i), s) for d, i, s in expected if d == ds]
+         for ds in cells.main_datasets(params)}))
     run += budget_sentences(budgets, epochs, init_label)
     plan = planned(params)
     contrasts = {ds: main_contrasts(runs, ds, inits, plan) for ds in datasets}

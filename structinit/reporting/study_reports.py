@@ -48,13 +48,14 @@ BUDGET_NOTES = {"pseudo_input": "", "heads_width": " (for the recipe's shape, no
 
 def _what_ran(params, study, extra, runs, budgets=None):
     s = params["studies"][study]
+    datasets = list(s["datasets"]) + list((s.get("gpu") or {}).get("datasets") or [])   # data_size's GPU ones
     extra = ". ".join(e for e in (extra, runs.attrs["ran_with"]) if e)
-    measured = {d: budgets[d] for d in s["datasets"] if d in (budgets or {})}
+    measured = {d: budgets[d] for d in datasets if d in (budgets or {})}
     budget = ""
     if measured and study in BUDGET_NOTES:
         epochs = {d: params["recipes"][d]["train"]["epochs"] for d in measured}
         budget = budget_sentences(measured, epochs, init_label).rstrip(".") + BUDGET_NOTES[study] + "."
-    return ("What ran: " + report.what_ran(params, s["datasets"], s["seeds"], extra, vit=study != "convmixer")
+    return ("What ran: " + report.what_ran(params, datasets, s["seeds"], extra, vit=study != "convmixer")
             + budget + " Final-epoch test "
             "accuracy (%), mean ± std over seeds, n = seeds; " + stats.INTERVAL + ".")
 

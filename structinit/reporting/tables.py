@@ -211,8 +211,9 @@ def study_table(runs: pd.DataFrame, row_key: str, col_key: str, *, rows: list, c
     side_by_side = paper_dataset in set(runs.dataset)
     out = []
     for ds in runs.dataset.unique():
+        ran = set(runs.loc[runs.dataset == ds, col_key])     # a dataset's own columns (data_size: its sizes)
         for r in rows:
-            for c in cols:
+            for c in (c for c in cols if c in ran):
                 s = stats.loc[(ds, r, c)]
                 out.append([ds, row_label(r), col_label(c), _fmt(s), _ci(s), int(s["n"])])
                 if side_by_side:
