@@ -26,9 +26,15 @@ the tree was dirty), then
       activity): the 15 kernels with the most device time (names shortened), each one's
       microseconds and share of the step's device time, the step's wall and device time, the
       kernels per step and the host's launch calls (a kernel each, or a CUDA graph). --tiny runs
-      it on the CPU, where it lists CPU ops (aten, by self time) instead, labelled so.
+      it on the CPU, where it lists CPU ops (aten, by self time) instead, labelled so;
+  (h) Fashion-MNIST's recipe (params.yaml, recipes.fashion_mnist: the model and batch the main
+      grid trains) as a cell trains it: every seed of grid.seeds stacked (or as the trainer
+      plans), on synthetic 28x28 images, a few epochs with the test set (10,000) every epoch:
+      the cell's images/s, and from it the main grid's time on this card (its cells x the
+      recipe's epochs x 60,000 images, plus each cell's first epoch and evaluations; the stages'
+      start-ups are not in it). tools/fashion_mnist.py measures the grid itself.
 Timings exclude warm-up (on a GPU the trainer's torch.compile runs in its first epoch) and give
-min and median over repeats. The parts run in the order c, b, a, d, g, f, e (most wanted first). A
+min and median over repeats. The parts run in the order c, b, a, d, h, g, f, e (most wanted first). A
 part that fails writes its error (one line) and the others still run; each part has a share of
 the budget (--budget, 360 s), and a part whose share is gone is skipped, so the command ends in
 time: a later part's expected time is kept in reserve only as far as the budget allows (the
@@ -75,6 +81,7 @@ import torch
 import torch.nn.functional as F
 
 from tools.probe_file import (CARD_ROW, COMMIT_ROW, COMPILED_ROW, EAGER_ROW, ESTIMATE_ROW, FIRST_ROW, FLOPS_ROW,
+                              FM_GRID_ROW, FM_RATE_ROW,
                               LAUNCHES_ROW, MATMUL_ROW, MODE_ROW, NOT_MEASURED, PEAK_ROW, PROBES, PROFILE_HEADINGS,
                               PROFILE_TOP, RATE_ROW, RATES_ROW, RATIO_ROW, SECTIONS, SHARE_COLUMN, STACK_ROW,
                               TINY_LABEL, TRAINER_ROW, probe_name)
@@ -108,6 +115,11 @@ class Sizes:
     profile_batches: int | None = None        # (g)'s ViT epoch: this many batches (None: trainer_batches)
     profile_digits_images: int | None = None  # (g)'s digits epoch: this many images (None: the recipe's, all 1,437)
     profile_digits_batch: int | None = None   # (g)'s digits batch (None: the recipe's, 64)
+    fm_images: int = 20_000            # (h): synthetic training images per epoch (the rate is per image)
+    fm_test: int = 10_000              # (h): the test set, evaluated every epoch as the recipe does
+    fm_epochs: int = 3                 # (h): epoch 1 compiles and warms up, the others are the repeats
+    fm_batch: int | None = None        # (h): None: the recipe's (512)
+    fm_model: dict | None = None       # (h): overrides of the recipe's model (tiny: a toy ViT)
     matmul_n: int = 8192
     matmul_repeats: int = 10
     matmul_inner: int = 5
@@ -120,8 +132,8 @@ class Sizes:
     # the later parts keep in reserve, as far as the budget allows (main): the H200's figures at
     # 02d9857 (whole probe 253 s: (a) 66, (c) ~50 with its 36 s compile, (d) 37, (e) 16), and (g)'s
     # two compiles, far shorter once Inductor's FX graph cache has (b) and (c)'s.
-    parts: tuple = (("c", 50, 80), ("b", 70, 120), ("a", 66, 100), ("d", 40, 110), ("g", 30, 75),
-                    ("f", 15, 60), ("e", 16, 45))
+    parts: tuple = (("c", 50, 80), ("b", 70, 120), ("a", 66, 100), ("d", 40, 110), ("h", 45, 100),
+                    ("g", 30, 75), ("f", 15, 60), ("e", 16, 45))
 
 
 TINY = Sizes(batch=16, model=dict(patch_size=8, embed_dim=24, depth=1, num_heads=2), warmup=2, repeats=3,
@@ -129,11 +141,13 @@ TINY = Sizes(batch=16, model=dict(patch_size=8, embed_dim=24, depth=1, num_heads
              e2e_train=256, e2e_test=64, e2e_batch=32, e2e_epochs=3, digits_epochs=2, digits_images=128,
              same_epochs=1, same_images=128, profile_batches=1, profile_digits_images=16, profile_digits_batch=16,
              matmul_n=256, matmul_repeats=3, matmul_inner=2,
+             fm_images=64, fm_test=16, fm_epochs=2, fm_batch=16,
+             fm_model=dict(patch_size=7, embed_dim=12, depth=1, num_heads=3),
              tests=("tests/test_distributed_plan.py",), torchrun_train_images=0,
              # the plan's own tests; the two-process one starts processes (15 s on 2 cores)
              test_filter="not two_processes", budget=240.0,
-             parts=(("c", 5, 60), ("b", 10, 60), ("a", 10, 60), ("d", 10, 60), ("g", 10, 60), ("f", 5, 60),
-                    ("e", 15, 60)))
+             parts=(("c", 5, 60), ("b", 10, 60), ("a", 10, 60), ("d", 10, 60), ("h", 5, 60), ("g", 10, 60),
+                    ("f", 5, 60), ("e", 15, 60)))
 
 
 # ---- small tools: timing, limits, formatting --------------------------------------------------
@@ -623,6 +637,54 @@ def part_digits(device, sizes: Sizes, state: dict) -> str:
         ["final test acc per seed, %", accs], ["how the trainer trained", how_it_trained(said) or "-"]])
 
 
+def part_fashion_mnist(device, sizes: Sizes, state: dict) -> str:
+    import structinit as si
+    from structinit.data.specs import TEST_IMAGES, TRAIN_IMAGES, get_spec
+    from structinit.pipeline.build import build_model
+    from structinit.pipeline.cells import main_inits
+
+    params, _, train = load_recipe("fashion_mnist", Sizes())          # the recipe's own model
+    model_cfg = {**params["recipes"]["fashion_mnist"]["model"], **(sizes.fm_model or {})}
+    spec, seeds, epochs = get_spec("fashion_mnist"), params["grid"]["seeds"], sizes.fm_epochs
+    batch = sizes.fm_batch or train["batch_size"]
+    data = synthetic_data(spec, sizes.fm_images, sizes.fm_test)
+    models = [build_model(model_cfg, spec) for _ in seeds]
+    for model, seed in zip(models, seeds):
+        si.initialize(model, "trunc_normal", seed=seed)
+    cfgs = [train_config(train, epochs=epochs, batch_size=batch, warmup_epochs=1, eval_every=1, seed=s)
+            for s in seeds]
+    histories, said = train_and_listen(models, data, cfgs, device, echo=False)
+    one_by_one = "one after another" in said
+    runs = histories if one_by_one else histories[:1]        # stacked: each history has the stack's time
+
+    def summed(epoch, key):
+        return sum(h[epoch][key] for h in runs)
+    train_s = [summed(e, "train_seconds") for e in range(1, epochs)]
+    evaluate_s = [summed(e, "seconds") - summed(e, "train_seconds") for e in range(1, epochs)]
+    first_extra = summed(0, "seconds") - statistics.median(train_s) - statistics.median(evaluate_s)
+    rate = sizes.fm_images / statistics.median(train_s)
+    recipe_epochs, cells = train["epochs"], len(main_inits(params))
+    # a cell: every epoch's training at the measured rate on the full set, its evaluation of the
+    # full test set (measured on fm_test images, scaled), and the first epoch's warm-up
+    per_cell = (recipe_epochs * TRAIN_IMAGES["fashion_mnist"] / rate
+                + recipe_epochs * statistics.median(evaluate_s) * TEST_IMAGES["fashion_mnist"] / sizes.fm_test
+                + max(first_extra, 0.0))
+    state["fashion_mnist_grid_min"] = cells * per_cell / 60
+    log(f"(h) {rate:,.0f} cell images/s; the main grid's cells {cells * per_cell / 60:.1f} min")
+    return (f"recipes.fashion_mnist ({model_cfg}), {len(seeds)} seeds stacked as a cell (trunc_normal), batch "
+            f"{batch}, {sizes.fm_images:,} synthetic training images and {sizes.fm_test:,} test images per "
+            f"epoch, {epochs} epochs (evaluation every epoch).\n\n"
+            + table(["what", "value"], [
+                [FM_RATE_ROW, n(rate)],
+                ["model-images/s (x seeds)", n(rate * len(seeds))],
+                ["evaluation of the test set, s per epoch: median", f"{statistics.median(evaluate_s):.2f}"],
+                ["epoch 1 beyond a later one (compile, warm-up), s", f"{first_extra:.1f}"],
+                [FM_GRID_ROW, f"{cells * per_cell / 60:.1f}"],
+                ["the grid", f"{cells} cells x {recipe_epochs} epochs x {TRAIN_IMAGES['fashion_mnist']:,} images, "
+                             f"the test set ({TEST_IMAGES['fashion_mnist']:,}) every epoch"],
+                ["how the trainer trained", how_it_trained(said) or "-"]]))
+
+
 # ---- (g) where the time goes: one epoch of the trainer under torch.profiler --------------------
 
 # The trainer runs PROFILE_EPOCHS epochs: 1 compiles and captures (not profiled), 2 is the
@@ -942,7 +1004,7 @@ def render(label: str, machine: list[list[str]], bodies: dict[str, str], command
     took = f" in {seconds:.0f} s" if seconds is not None else " (running: parts not yet run say so)"
     out = [f"# GPU probe: {label}\n", f"Written by `{command}`{took}. What each part measures and how: the "
            "docstring of benchmarks/gpu_probe.py.\n", SECTIONS["machine"] + "\n", table(["what", "value"], machine)]
-    for key in "abcdefg":
+    for key in "abcdefgh":
         out += [SECTIONS[key] + "\n", bodies.get(key, "not run yet\n")]
     return "\n".join(out)
 
@@ -952,7 +1014,7 @@ def main():
     ap.add_argument("--out", help="the file to write (default: benchmarks/gpu_probe-<card>-<commit>.md)")
     ap.add_argument("--tiny", action="store_true", help="toy sizes on the CPU: tests the probe, measures nothing")
     ap.add_argument("--budget", type=float, help="seconds for the whole probe (default 360; tiny 240)")
-    ap.add_argument("--skip", nargs="*", default=[], choices=list("abcdefg"), help="parts not to run")
+    ap.add_argument("--skip", nargs="*", default=[], choices=list("abcdefgh"), help="parts not to run")
     ap.add_argument("--torchrun-job", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.torchrun_job:
@@ -986,7 +1048,8 @@ def main():
                "d": lambda limit: part_digits(device, sizes, state),
                "e": lambda limit: part_torchrun(device, sizes, limit, a.tiny),
                "f": lambda limit: part_same_bytes(device, sizes, state),
-               "g": lambda limit: part_profile(device, sizes, state)}
+               "g": lambda limit: part_profile(device, sizes, state),
+               "h": lambda limit: part_fashion_mnist(device, sizes, state)}
     order = [k for k, _, _ in sizes.parts]
     for i, (key, _, cap) in enumerate(sizes.parts):
         if key in a.skip:
@@ -1019,7 +1082,8 @@ def main():
         write()
     write(time.perf_counter() - T0)
     said = {"matmul": "bf16 matmul {:.3g} TFLOP/s", "rate": "the trainer end to end {:,.0f} img/s",
-            "digits": "digits cell {:.1f} s", "same": "same bytes twice: {}"}
+            "digits": "digits cell {:.1f} s", "same": "same bytes twice: {}",
+            "fashion_mnist_grid_min": "Fashion-MNIST's grid {:.1f} min"}
     log(f"wrote {out}: " + "; ".join(f.format(state[k]) for k, f in said.items() if k in state))
 
 

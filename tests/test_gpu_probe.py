@@ -13,9 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from tools.probe_file import (COMPILED_ROW, EAGER_ROW, LAUNCHES_ROW, NOT_MEASURED, PRICED, PROFILE_HEADINGS,
-                              PROFILE_TOP, RATE_ROW, REQUIRED_SECTIONS, SECTIONS, SHARE_COLUMN, STACK_ROW, TINY_LABEL,
-                              TRAINER_ROW, ProbeFileError, number, parse_tables, probe_files, probe_name, read_probe)
+from tools.probe_file import (COMPILED_ROW, EAGER_ROW, FM_GRID_ROW, FM_RATE_ROW, LAUNCHES_ROW, NOT_MEASURED, PRICED,
+                              PROFILE_HEADINGS, PROFILE_TOP, RATE_ROW, REQUIRED_SECTIONS, SECTIONS, SHARE_COLUMN,
+                              STACK_ROW, TINY_LABEL, TRAINER_ROW, ProbeFileError, number, parse_tables, probe_files,
+                              probe_name, read_probe)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,6 +60,9 @@ def test_the_tiny_run_writes_every_part_with_numbers(tiny):
     assert number(e2e[RATE_ROW]) > 0
     assert "backend gloo, device cpu" in parts[SECTIONS["e"]]
     assert "| the same bytes | yes |" in parts[SECTIONS["f"]]
+    fm = {row["what"]: row["value"] for row in tables[SECTIONS["h"]]}
+    assert number(fm[FM_RATE_ROW]) > 0 and number(fm[FM_GRID_ROW]) > 0
+    assert "6 cells x 20 epochs x 60,000 images" in fm["the grid"]       # params.yaml's grid and recipe
 
 
 def test_gpu_hours_refuses_a_tiny_file(tiny, tmp_path):

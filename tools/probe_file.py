@@ -40,8 +40,9 @@ SECTIONS = {
     "e": "## (e) One process under torchrun",
     "f": "## (f) One cell trained twice: the same bytes?",
     "g": "## (g) Where the time goes: one training step profiled",
+    "h": "## (h) Fashion-MNIST's recipe: a stacked cell's rate, and its main grid's time",
 }
-# what every committed probe file has; (g) came later (issue 50): a file written before it lacks it
+# what every committed probe file has; (g) and (h) came later: a file written before them lacks them
 REQUIRED_SECTIONS = ("machine", "a", "b", "c", "d", "e", "f")
 # (g)'s two profiles, each under its own heading, and the rows and columns the tests read
 PROFILE_HEADINGS = {"vit": "### ViT-T/2, the paper's CIFAR recipe", "digits": "### digits, the default cell's stack"}
@@ -60,6 +61,8 @@ PEAK_ROW = "peak memory (torch.cuda.max_memory_allocated), GiB"
 ESTIMATE_ROW = "memory estimate the trainer printed, GiB"
 RATIO_ROW = "estimate / peak"
 NOT_MEASURED = "not measured"
+FM_RATE_ROW = "cell images/s (every seed stacked), epochs 2 and later: median"
+FM_GRID_ROW = "the main grid's cells, min (training and evaluation; stage start-ups not included)"
 
 
 def probe_name(card: str, commit: str) -> str:
