@@ -80,6 +80,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from structinit.data.tensors import synthetic_data
+
 from tools.probe_file import (CARD_ROW, COMMIT_ROW, COMPILED_ROW, EAGER_ROW, ESTIMATE_ROW, FIRST_ROW, FLOPS_ROW,
                               FM_GRID_ROW, FM_RATE_ROW,
                               LAUNCHES_ROW, MATMUL_ROW, MODE_ROW, NOT_MEASURED, PEAK_ROW, PROBES, PROFILE_HEADINGS,
@@ -261,18 +263,6 @@ def load_recipe(dataset: str, sizes: Sizes) -> tuple[dict, dict, dict]:
     params = load_params(REPO / "params.yaml")
     rec = params["recipes"][dataset]
     return params, {**rec["model"], **(sizes.model or {})}, dict(rec["train"])
-
-
-def synthetic_data(spec, n_train: int, n_test: int, seed: int = 0):
-    """uint8 images of the dataset's shape and random labels: what the trainer costs does not
-    depend on what the pixels show (RandAugment's ops are data-independent in cost)."""
-    from structinit.data.tensors import ImageData
-    g = torch.Generator().manual_seed(seed)
-    shape = (spec.channels, spec.image_size, spec.image_size)
-    return ImageData(spec=spec, train_images=torch.randint(0, 256, (n_train, *shape), dtype=torch.uint8, generator=g),
-                     train_labels=torch.randint(0, spec.num_classes, (n_train,), generator=g),
-                     test_images=torch.randint(0, 256, (n_test, *shape), dtype=torch.uint8, generator=g),
-                     test_labels=torch.randint(0, spec.num_classes, (n_test,), generator=g))
 
 
 def train_config(train: dict, **override):

@@ -32,7 +32,7 @@ from structinit.pipeline.cells import parse_init, run_name, seed_dir
 from structinit.pipeline.load import load_params
 from structinit.training.config import TrainConfig
 from structinit.distributed import DistributedContext, relaunch_under_torchrun, requested_micro_batch
-from structinit.training.steps import match_steps, steps_per_epoch, total_steps
+from structinit.training.steps import match_steps, steps_per_epoch, subset_size, total_steps
 from structinit.training.checkpoint import code_fingerprint
 from structinit.training.common import compute_dtype, default_device, precision_note
 from structinit.training.trainer import train_models
@@ -204,11 +204,9 @@ def cpu_estimate(a, params) -> str:
     from structinit.pipeline.estimate import training_time_line
 
     rec = params.recipe(a.dataset)
-    images = TRAIN_IMAGES.get(a.dataset, 0)
-    size = params["data"]["train_size"]
-    images = images if size is None else (round(size * images) if isinstance(size, float) else min(size, images))
+    images = subset_size(TRAIN_IMAGES.get(a.dataset, 0), params["data"]["train_size"])
     if a.train_fraction is not None and not a.match_steps:   # matched steps: the main grid's images' worth
-        images = round(a.train_fraction * images)
+        images = subset_size(images, a.train_fraction)
     return training_time_line(a.dataset, rec.model, get_spec(a.dataset), rec.train, images,
                               len(params.seeds_at(a.seeds_from)), device="cpu")
 

@@ -88,25 +88,27 @@ def _frozen_lock_entries(root: Path) -> dict[str, dict]:
     return {name: entry for name, entry in entries.items() if name.split("@")[0] in frozen}
 
 
-def frozen_outputs(root: Path = REPO) -> list[str]:
+def frozen_outputs(root: Path = REPO, entries: dict | None = None) -> list[str]:
     """The outputs of dvc.yaml's frozen stages: committed results that DVC never remakes (the
     costly evidence, a GPU dataset's cells), which stages downstream read, so even a copy as if
-    nothing had run needs them. A templated stage's come from its dvc.lock entries."""
+    nothing had run needs them. A templated stage's come from its dvc.lock entries (`entries`:
+    _frozen_lock_entries(root), when the caller has read them)."""
     outs = [next(iter(o)) if isinstance(o, dict) else o
             for stage in _frozen_stages(root).values() for o in stage.get("outs", [])]
-    locked = [o["path"] for entry in _frozen_lock_entries(root).values() for o in entry.get("outs", [])]
+    entries = _frozen_lock_entries(root) if entries is None else entries
+    locked = [o["path"] for entry in entries.values() for o in entry.get("outs", [])]
     return list(dict.fromkeys([o for o in outs if "${" not in o] + locked))
 
 
-def _frozen_lock(root: Path, dest: Path) -> None:
-    """dest/dvc.lock with the frozen stages' entries of root's alone: DVC then takes their
-    committed outputs as they are (a frozen stage without a lock entry would be verified, and
-    its inputs, the main grid's cells, do not exist yet in a copy as if nothing had run)."""
+def _frozen_lock(root: Path, dest: Path, stages: dict) -> None:
+    """dest/dvc.lock with the frozen stages' entries of root's alone (`stages`:
+    _frozen_lock_entries(root)): DVC then takes their committed outputs as they are (a frozen
+    stage without a lock entry would be verified, and its inputs, the main grid's cells, do not
+    exist yet in a copy as if nothing had run)."""
     import yaml
 
     if (dest / "dvc.lock").exists():
         return
-    stages = _frozen_lock_entries(root)
     if stages:
         schema = (yaml.safe_load((root / "dvc.lock").read_text()) or {}).get("schema", "2.0")
         (dest / "dvc.lock").write_text(yaml.safe_dump({"schema": schema, "stages": stages}, sort_keys=False))
@@ -121,7 +123,8 @@ def copy_working_tree(dest: Path, root: Path = REPO, skip: Iterable[str] = OUTPU
     (`frozen`) the frozen stages' outputs (frozen_outputs) with their dvc.lock entries, which
     DVC never remakes. Returns dest."""
     skip = set(skip)
-    with_outputs = [*with_outputs, *(frozen_outputs(root) if frozen else ())]
+    entries = _frozen_lock_entries(root) if frozen else {}      # dvc.lock read once
+    with_outputs = [*with_outputs, *(frozen_outputs(root, entries) if frozen else ())]
     for f in working_tree_files(root):
         if (f.split("/")[0] in skip and not f.startswith(FROZEN_OUTPUTS)) or not (root / f).is_file():
             continue
@@ -135,7 +138,7 @@ def copy_working_tree(dest: Path, root: Path = REPO, skip: Iterable[str] = OUTPU
             (dest / path).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, dest / path)
     if frozen:
-        _frozen_lock(root, dest)
+        _frozen_lock(root, dest, entries)
     return dest
 
 

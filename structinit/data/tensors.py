@@ -199,3 +199,15 @@ def validation_split(data: ImageData, size: float | int, seed: int = 0) -> Image
     keep[held] = False
     return ImageData(data.spec, data.train_images[keep], data.train_labels[keep],
                      data.train_images[held], data.train_labels[held])
+
+
+def synthetic_data(spec: DatasetSpec, n_train: int, n_test: int, seed: int = 0) -> ImageData:
+    """Random uint8 images of the dataset's shape and random labels, seeded: for timing the
+    trainer (what a step costs does not depend on what the pixels show; RandAugment's ops are
+    data-independent in cost): the GPU probe, the CPU's estimate of a GPU recipe."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (spec.channels, spec.image_size, spec.image_size)
+    return ImageData(spec=spec, train_images=torch.randint(0, 256, (n_train, *shape), dtype=torch.uint8, generator=g),
+                     train_labels=torch.randint(0, spec.num_classes, (n_train,), generator=g),
+                     test_images=torch.randint(0, 256, (n_test, *shape), dtype=torch.uint8, generator=g),
+                     test_labels=torch.randint(0, spec.num_classes, (n_test,), generator=g))

@@ -140,7 +140,7 @@ def main_stage(stage: str, dataset: str, init: str, params: dict | None = None) 
     if params is not None and (address := main_variant_stage(params, stage, dataset, init)):
         return address
     method, kernel = parse_init(init)
-    gpu = params is not None and dataset in (params["grid"].get("gpu_datasets") or [])
+    gpu = params is not None and dataset in gpu_datasets(params)
     if gpu and stage != "train":
         raise ValueError(f"{dataset} is a GPU dataset (grid.gpu_datasets): only its cells are trained, "
                          f"by train_gpu_* stages; it has no {stage} stage")

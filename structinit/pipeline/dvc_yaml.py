@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import re
 import sys
 from pathlib import Path
@@ -47,6 +48,7 @@ def module_file(name: str) -> Path | None:
     return None
 
 
+@functools.cache
 def lazy_exports(package: str) -> dict[str, str]:
     """A project package's PEP 562 exports, {name: defining module}: the dict literal
     `LAZY_EXPORTS` of its __init__.py (structinit, structinit.models), read without importing."""
@@ -88,8 +90,8 @@ def imported_modules(path: Path, name: str) -> set[str]:
             for alias in node.names:
                 if module_file(f"{base}.{alias.name}"):                # `from pkg import module`
                     out.add(f"{base}.{alias.name}")
-                elif alias.name in lazy_exports(base):                  # a lazy export
-                    out.add(lazy_exports(base)[alias.name])
+                elif alias.name in (lazy := lazy_exports(base)):        # a lazy export
+                    out.add(lazy[alias.name])
     for node in ast.walk(tree):             # structinit.__getattr__ imports on attribute access
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in package_names:
             if node.attr in structinit.LAZY_EXPORTS:

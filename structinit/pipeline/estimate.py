@@ -16,7 +16,7 @@ import time
 import torch
 
 from structinit.data.specs import DatasetSpec
-from structinit.data.tensors import ImageData
+from structinit.data.tensors import synthetic_data
 from structinit.pipeline.build import build_model
 
 
@@ -29,11 +29,7 @@ def seconds_per_image(model_cfg: dict, spec: DatasetSpec, train: dict, device=No
     from structinit.training.trainer import train_models
 
     batch = batch or min(64, train["batch_size"])
-    g = torch.Generator().manual_seed(0)
-    shape = (spec.channels, spec.image_size, spec.image_size)
-    images = lambda n: torch.randint(0, 256, (n, *shape), dtype=torch.uint8, generator=g)   # noqa: E731
-    labels = lambda n: torch.randint(0, spec.num_classes, (n,), generator=g)              # noqa: E731
-    data = ImageData(spec, images(batch * batches), labels(batch * batches), images(batch), labels(batch))
+    data = synthetic_data(spec, batch * batches, batch)
     cfg = TrainConfig(**{**train, "epochs": 2, "batch_size": batch, "warmup_epochs": 1, "eval_every": 2,
                          "seed": 0})
     history = train_models([build_model(model_cfg, spec)], data, [cfg], device=device, progress=False)[0]
