@@ -108,3 +108,32 @@ def test_listing_the_dataset_edits_exactly_its_two_lists_in_params_yaml(tmp_path
 def test_a_tiny_budget_needs_its_own_folder():
     with pytest.raises(SystemExit):
         tool.main(["--tiny"])
+
+
+def test_the_main_grid_alone_runs_its_cells_one_by_one_the_primary_pair_first(tmp_path, monkeypatch):
+    """--grid --main-only: one `dvc repro` per cell, Imp.-<init.kernel> and Trunc Normal first (a
+    run cut short by --timeout has the pair the paper's claim needs), no data-size stage, and
+    only grid.gpu_datasets lists the dataset; each stage's seconds are in the written file."""
+    from structinit.pipeline.load import load_params
+    from tools import scratch
+
+    copy = scratch.copy_working_tree(tmp_path / "repo")
+    targets, timeouts = [], []
+
+    def dvc(root, *args, timeout=None, **kw):
+        targets.append(args[1])
+        timeouts.append(timeout)
+        return 0
+
+    monkeypatch.setattr(scratch, "run_dvc", dvc)
+    monkeypatch.setenv("STRUCTINIT_ALLOW_CPU", "1")
+    assert tool.run_grid(copy, timeout=300, main_only=True) == 0
+    p = load_params(copy / "params.yaml")
+    ours = f"impulse{p['init']['kernel']}"
+    assert targets[:2] == [f"train_gpu_impulse@fashion_mnist-{p['init']['kernel']}",
+                           "train_gpu_baseline@fashion_mnist-trunc_normal"]
+    assert len(targets) == len(set(targets)) == len(tool.arms(p)) and not any("study" in t for t in targets)
+    assert all(0 < t <= 300 for t in timeouts) and timeouts == sorted(timeouts, reverse=True)
+    assert p["grid"]["gpu_datasets"] == ["fashion_mnist"] and p["studies"]["data_size"]["gpu"]["datasets"] == []
+    report = next((copy / "benchmarks").glob("fashion_mnist_grid-*.md")).read_text()
+    assert all(f"| {t} " in report for t in targets) and ours in report

@@ -155,16 +155,18 @@ def listed_in(params: dict, dotted: str) -> list:
     return list(node or [])
 
 
-def list_as_gpu_dataset(params_path: Path) -> bool:
-    """params.yaml with fashion_mnist in grid.gpu_datasets and studies.data_size.gpu.datasets
-    (its comments kept; each list found by its indentation: tests/test_fashion_mnist_budget.py);
-    False if both listed it. The new text is checked before it is written."""
+def list_as_gpu_dataset(params_path: Path, lists: tuple[str, ...] = tuple(GPU_LISTS)) -> bool:
+    """params.yaml with fashion_mnist in `lists` (by default both: grid.gpu_datasets and
+    studies.data_size.gpu.datasets; its comments kept; each list found by its indentation:
+    tests/test_fashion_mnist_budget.py); False if they all listed it. The new text is checked
+    before it is written."""
     import tempfile
 
     from structinit.pipeline.load import load_params
 
     text = params_path.read_text()
-    for dotted, pattern in GPU_LISTS.items():
+    for dotted in lists:
+        pattern = GPU_LISTS[dotted]
         if DATASET in listed_in(load_params(params_path), dotted):
             continue
         match = pattern.search(text)
@@ -178,18 +180,20 @@ def list_as_gpu_dataset(params_path: Path) -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         check = Path(tmp) / "params.yaml"
         check.write_text(text)
-        wrong = [d for d in GPU_LISTS if DATASET not in listed_in(load_params(check), d)]
+        wrong = [d for d in lists if DATASET not in listed_in(load_params(check), d)]
         if wrong:
             raise SystemExit(f"error: {params_path}: could not list {DATASET} in {wrong}: add it by hand")
     params_path.write_text(text)
     return True
 
 
-def run_grid(root: Path, timeout: float | None = None) -> int:
-    """The GPU dataset's cells through DVC in `root` (docstring, --grid): the main grid's, then
-    the data-size study's, each group timed. Returns dvc's status. If it does not finish (an
-    error, Ctrl-C), params.yaml is written back as it was: a frozen stage without its outputs
-    would stop every later `dvc repro`."""
+def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) -> int:
+    """The GPU dataset's cells through DVC in `root` (docstring, --grid): the main grid's, one
+    stage (cell) at a time, the primary contrast's two first, then the data-size study's (not
+    with `main_only`: then only grid.gpu_datasets lists the dataset), each stage timed. timeout:
+    seconds for all of it (a stage still running then is ended; the finished ones stay). Returns
+    dvc's status. If it does not finish (an error, Ctrl-C, the timeout), params.yaml is written
+    back as it was: a frozen stage without its outputs would stop every later `dvc repro`."""
     from structinit.pipeline.cells import main_cell, main_inits, main_stage, study_cell
     from structinit.pipeline.load import load_params
     from tools.scratch import pipeline_env, run_dvc
@@ -201,19 +205,30 @@ def run_grid(root: Path, timeout: float | None = None) -> int:
     env = pipeline_env(root)
     original = (root / "params.yaml").read_text()
     yaml_cmd = [sys.executable, "-m", "structinit.pipeline.dvc_yaml", "--write"]
-    code, seconds, finished = 1, {}, False
+    code, seconds, stage_seconds, finished = 1, {}, {}, False
+    ends = None if timeout is None else time.monotonic() + timeout
     try:
-        listed = list_as_gpu_dataset(root / "params.yaml")
+        listed = list_as_gpu_dataset(root / "params.yaml", ("grid.gpu_datasets",) if main_only else tuple(GPU_LISTS))
         params = load_params(root / "params.yaml")
         size = params["studies"]["data_size"]
-        groups = {"main grid": [main_stage("train", DATASET, init, params) for init in main_inits(params)],
-                  "data-size study": [f"study_data_size_gpu@{DATASET}-{f}-{init}"
-                                      for f in size["gpu"]["fractions"] for init in size["inits"]]}
+        # the primary contrast's cells first: a run cut short has the pair the paper's claim needs
+        first = [i for i in (f"impulse{params['init']['kernel']}", "trunc_normal") if i in main_inits(params)]
+        order = list(dict.fromkeys([*first, *main_inits(params)]))
+        groups = {"main grid": [main_stage("train", DATASET, init, params) for init in order]}
+        if not main_only:
+            groups["data-size study"] = [f"study_data_size_gpu@{DATASET}-{f}-{init}"
+                                         for f in size["gpu"]["fractions"] for init in size["inits"]]
         subprocess.run(yaml_cmd + ["--unfreeze-gpu"], cwd=root, env=env, check=True)
         for group, targets in groups.items():
             t = time.perf_counter()
-            code = run_dvc(root, "repro", *targets, env=env, timeout=timeout,
-                           on_line=lambda line: print(line, end="", flush=True))
+            for target in targets:
+                left = None if ends is None else ends - time.monotonic()
+                s = time.perf_counter()
+                code = run_dvc(root, "repro", target, env=env, timeout=left,
+                               on_line=lambda line: print(line, end="", flush=True))
+                stage_seconds[target] = time.perf_counter() - s
+                if code:
+                    break
             seconds[group] = time.perf_counter() - t
             if code:
                 break
@@ -231,15 +246,19 @@ def run_grid(root: Path, timeout: float | None = None) -> int:
             metrics = root / "results/train" / main_cell(DATASET, init) / f"seed{seed}" / "metrics.json"
             acc = json.loads(metrics.read_text())["final_test_acc"] * 100 if metrics.exists() else None
             rows.append([init, seed, "-" if acc is None else f"{acc:.2f}"])
-    cells = [f"results/train/{main_cell(DATASET, i)}" for i in main_inits(params)] + [
+    cells = [f"results/train/{main_cell(DATASET, i)}" for i in main_inits(params)] + ([] if main_only else [
         f"results/studies/data_size/{study_cell(DATASET, f, i)}"
-        for f in size["gpu"]["fractions"] for i in size["inits"]]
+        for f in size["gpu"]["fractions"] for i in size["inits"]])
     name = f"fashion_mnist_grid-{card_slug(info['card'])}-{info['commit'].split()[0]}.md"
     text = (f"# Fashion-MNIST on one {info['card']} (python -m tools.fashion_mnist --grid)\n\n"
             f"Machine: {info['card']} ({info['device']}), torch {info['torch']}, commit {info['commit']}"
             f"{'; this run listed it in params.yaml' if listed and finished else ''}. `dvc repro` exit {code}.\n\n"
             + tabulate([[g, len(groups[g]), f"{seconds[g] / 60:.1f}"] for g in seconds],
                        headers=["stages", "cells", "min (dvc repro, stage start-ups included)"], tablefmt="github")
+            + "\n\nEach stage (`dvc repro <stage>`: the process start, data, Q/K solve, compile, training, "
+              "evaluation every epoch, saving), in the order run:\n\n"
+            + tabulate([[t, f"{v:.0f}"] for t, v in stage_seconds.items()], headers=["stage", "s"],
+                       tablefmt="github")
             + "\n\nThe main grid's final test accuracy per seed, %:\n\n"
             + tabulate(rows, headers=["init", "seed", "final test acc %"], tablefmt="github") + "\n")
     (root / "benchmarks" / name).write_text(text)
@@ -253,6 +272,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--grid", action="store_true", help="the main grid's cells through DVC alone (docstring)")
     ap.add_argument("--budget", action="store_true", help="the budget at B and 2B alone")
+    ap.add_argument("--main-only", action="store_true", help="with --grid: the main grid's cells alone (lists "
+                                                             "the dataset in grid.gpu_datasets only)")
+    ap.add_argument("--timeout", type=float, help="with --grid: seconds for all of its stages; the cells "
+                                                  "finished by then stay")
     ap.add_argument("--root", type=Path, default=REPO, help="with --grid: the checkout to run it in (the budget "
                                                             "reads this checkout's params.yaml)")
     ap.add_argument("--out", type=Path, default=REPO / "results/evidence/fashion_mnist_budget")
@@ -266,7 +289,7 @@ def main(argv=None) -> int:
     if a.tiny and a.out == ap.get_default("out"):
         ap.error("--tiny writes a toy run: give it its own --out (not the real budget's folder)")
     if a.grid or not (a.budget or a.tiny):            # neither flag (or both): the grid, then the budget
-        code = run_grid(a.root.resolve())
+        code = run_grid(a.root.resolve(), a.timeout, a.main_only)
         if code or (a.grid and not a.budget):
             return code
 
