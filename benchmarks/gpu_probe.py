@@ -32,7 +32,9 @@ the tree was dirty), then
       plans), on synthetic 28x28 images, a few epochs with the test set (10,000) every epoch:
       the cell's images/s, and from it the main grid's time on this card (its cells x the
       recipe's epochs x 60,000 images, plus each cell's first epoch and evaluations; the stages'
-      start-ups are not in it). tools/fashion_mnist.py measures the grid itself.
+      start-ups are not in it); then one model of it trained alone (how a cell trains when the
+      plan says one after another): which way trains a cell's seeds faster. tools/fashion_mnist.py
+      measures the grid itself.
 Timings exclude warm-up (on a GPU the trainer's torch.compile runs in its first epoch) and give
 min and median over repeats. The parts run in the order c, b, a, d, h, g, f, e (most wanted first). A
 part that fails writes its error (one line) and the others still run; each part has a share of
@@ -83,7 +85,7 @@ import torch.nn.functional as F
 from structinit.data.tensors import synthetic_data
 
 from tools.probe_file import (CARD_ROW, COMMIT_ROW, COMPILED_ROW, EAGER_ROW, ESTIMATE_ROW, FIRST_ROW, FLOPS_ROW,
-                              FM_GRID_ROW, FM_RATE_ROW,
+                              FM_ALONE_ROW, FM_GRID_ROW, FM_RATE_ROW,
                               LAUNCHES_ROW, MATMUL_ROW, MODE_ROW, NOT_MEASURED, PEAK_ROW, PROBES, PROFILE_HEADINGS,
                               PROFILE_TOP, RATE_ROW, RATES_ROW, RATIO_ROW, SECTIONS, SHARE_COLUMN, STACK_ROW,
                               TINY_LABEL, TRAINER_ROW, probe_name)
@@ -134,7 +136,7 @@ class Sizes:
     # the later parts keep in reserve, as far as the budget allows (main): the H200's figures at
     # 02d9857 (whole probe 253 s: (a) 66, (c) ~50 with its 36 s compile, (d) 37, (e) 16), and (g)'s
     # two compiles, far shorter once Inductor's FX graph cache has (b) and (c)'s.
-    parts: tuple = (("c", 50, 80), ("b", 70, 120), ("a", 66, 100), ("d", 40, 110), ("h", 45, 100),
+    parts: tuple = (("c", 50, 80), ("b", 70, 120), ("a", 66, 100), ("d", 40, 110), ("h", 75, 150),
                     ("g", 30, 75), ("f", 15, 60), ("e", 16, 45))
 
 
@@ -661,6 +663,16 @@ def part_fashion_mnist(device, sizes: Sizes, state: dict) -> str:
                 + max(first_extra, 0.0))
     state["fashion_mnist_grid_min"] = cells * per_cell / 60
     log(f"(h) {rate:,.0f} cell images/s; the main grid's cells {cells * per_cell / 60:.1f} min")
+    # the same recipe, one model alone: how a cell trains when the plan says one after another.
+    # The plan stacks below FILLS_A_GPU_FLOPS per model-step, a threshold no GPU has measured
+    # for this size; this row says whether stacking is the faster way here.
+    single = build_model(model_cfg, spec)
+    si.initialize(single, "trunc_normal", seed=seeds[0])
+    alone, _ = train_and_listen([single], data, cfgs[:1], device, echo=False)
+    alone_rate = sizes.fm_images / statistics.median(alone[0][e]["train_seconds"] for e in range(1, epochs))
+    stacked_rate = rate * (1 if one_by_one else len(seeds))
+    faster = "stacked" if stacked_rate >= alone_rate else "one model after another"
+    log(f"(h) one model alone {alone_rate:,.0f} images/s against {stacked_rate:,.0f} model-images/s as planned")
     return (f"recipes.fashion_mnist ({model_cfg}), {len(seeds)} seeds stacked as a cell (trunc_normal), batch "
             f"{batch}, {sizes.fm_images:,} synthetic training images and {sizes.fm_test:,} test images per "
             f"epoch, {epochs} epochs (evaluation every epoch).\n\n"
@@ -672,7 +684,10 @@ def part_fashion_mnist(device, sizes: Sizes, state: dict) -> str:
                 [FM_GRID_ROW, f"{cells * per_cell / 60:.1f}"],
                 ["the grid", f"{cells} cells x {recipe_epochs} epochs x {TRAIN_IMAGES['fashion_mnist']:,} images, "
                              f"the test set ({TEST_IMAGES['fashion_mnist']:,}) every epoch"],
-                ["how the trainer trained", how_it_trained(said) or "-"]]))
+                ["how the trainer trained", how_it_trained(said) or "-"],
+                [FM_ALONE_ROW, n(alone_rate)],
+                ["the faster way to train a cell's seeds (model-images/s)",
+                 f"{faster} ({n(max(stacked_rate, alone_rate))} against {n(min(stacked_rate, alone_rate))})"]]))
 
 
 # ---- (g) where the time goes: one epoch of the trainer under torch.profiler --------------------

@@ -137,3 +137,44 @@ def test_the_main_grid_alone_runs_its_cells_one_by_one_the_primary_pair_first(tm
     assert p["grid"]["gpu_datasets"] == ["fashion_mnist"] and p["studies"]["data_size"]["gpu"]["datasets"] == []
     report = next((copy / "benchmarks").glob("fashion_mnist_grid-*.md")).read_text()
     assert all(f"| {t} " in report for t in targets) and ours in report
+
+
+def test_a_grid_cut_short_keeps_its_finished_cells_and_prices_the_rest(tmp_path, monkeypatch):
+    """The call's window ends inside the third cell (as on the H200 at 17f4fe7): the two finished
+    cells' accuracies and seconds are written, the cut one is marked and its running metrics
+    (no final_test_acc yet) read as unfinished, and the whole grid is priced from the finished
+    stages, labelled an extrapolation; params.yaml is as it was."""
+    import json
+
+    from tools import scratch
+
+    copy = scratch.copy_working_tree(tmp_path / "repo")
+    before = (copy / "params.yaml").read_text()
+    ran = []
+
+    def dvc(root, *args, timeout=None, **kw):
+        target = args[1]
+        cell = tool.cell_of(target, {"main grid": [target]})
+        ran.append(target)
+        for seed in range(5):
+            out = root / cell / f"seed{seed}"
+            out.mkdir(parents=True, exist_ok=True)
+            if len(ran) == 3:                                   # dvclive's running metrics, then the kill
+                (out / "metrics.json").write_text(json.dumps({"test": {"acc": 0.8}, "step": 4}))
+                continue
+            (out / "metrics.json").write_text(json.dumps({"final_test_acc": 0.875 - 0.01 * len(ran)}))
+            record = root / "logs/timings" / cell / f"seed{seed}.json"
+            record.parent.mkdir(parents=True, exist_ok=True)
+            record.write_text(json.dumps({"epochs": [{"seconds": 100.0}, {"seconds": 50.0}]}))
+        return scratch.TIMED_OUT if len(ran) == 3 else 0
+
+    monkeypatch.setattr(scratch, "run_dvc", dvc)
+    monkeypatch.setenv("STRUCTINIT_ALLOW_CPU", "1")
+    assert tool.run_grid(copy, timeout=300, main_only=True) == scratch.TIMED_OUT
+    assert len(ran) == 3 and (copy / "params.yaml").read_text() == before
+    report = next((copy / "benchmarks").glob("fashion_mnist_grid-*.md")).read_text()
+    assert f"| {ran[2]} (cut short) " in report and "2 of the main grid's 6 cells finished" in report
+    assert "would take about" in report and "extrapolation" in report
+    assert "86.50" in report and "85.50" in report             # impulse3's seeds, then trunc_normal's
+    rows = [line for line in report.splitlines() if line.startswith(f"| {ran[0]} ")]
+    assert rows and "| 150 " in rows[0]                            # its epochs' seconds, from logs/timings

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tools.probe_file import (COMPILED_ROW, EAGER_ROW, FM_GRID_ROW, FM_RATE_ROW, LAUNCHES_ROW, NOT_MEASURED, PRICED,
+from tools.probe_file import (COMPILED_ROW, EAGER_ROW, FM_ALONE_ROW, FM_GRID_ROW, FM_RATE_ROW, LAUNCHES_ROW,
+                              NOT_MEASURED, PRICED,
                               PROFILE_HEADINGS, PROFILE_TOP, RATE_ROW, REQUIRED_SECTIONS, SECTIONS, SHARE_COLUMN,
                               STACK_ROW, TINY_LABEL, TRAINER_ROW, ProbeFileError, number, parse_tables, probe_files,
                               probe_name, read_probe)
@@ -63,6 +64,9 @@ def test_the_tiny_run_writes_every_part_with_numbers(tiny):
     fm = {row["what"]: row["value"] for row in tables[SECTIONS["h"]]}
     assert number(fm[FM_RATE_ROW]) > 0 and number(fm[FM_GRID_ROW]) > 0
     assert "6 cells x 20 epochs x 60,000 images" in fm["the grid"]       # params.yaml's grid and recipe
+    assert number(fm[FM_ALONE_ROW]) > 0                                   # one model alone, for the plan
+    way = fm["the faster way to train a cell's seeds (model-images/s)"]
+    assert way.startswith(("stacked (", "one model after another (")), way
 
 
 def test_gpu_hours_refuses_a_tiny_file(tiny, tmp_path):

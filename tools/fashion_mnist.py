@@ -3,6 +3,7 @@
     python -m tools.fashion_mnist                     # on a GPU: both (the data in datasets/fashion_mnist/,
                                                       # or another route: docs/fashion-mnist.md)
     python -m tools.fashion_mnist --grid              # the grid's cells alone, committed beside digits
+    python -m tools.fashion_mnist --grid --main-only --timeout 480   # its main cells alone, in a window
     python -m tools.fashion_mnist --budget            # the budget alone, at B and 2B
     python -m tools.fashion_mnist --tiny --out DIR    # the budget at toy sizes on the CPU: the suite's run
 
@@ -187,6 +188,33 @@ def list_as_gpu_dataset(params_path: Path, lists: tuple[str, ...] = tuple(GPU_LI
     return True
 
 
+def final_accuracy(metrics: Path) -> float | None:
+    """A finished seed's final test accuracy, %; None while its cell trains (its metrics.json is
+    dvclive's running one, without final_test_acc) or before."""
+    if not metrics.exists():
+        return None
+    acc = json.loads(metrics.read_text()).get("final_test_acc")
+    return None if acc is None else acc * 100
+
+
+def cell_of(target: str, groups: dict) -> str | None:
+    """results/... folder name (under logs/timings) of a main-grid stage address."""
+    if target not in groups.get("main grid", []):
+        return None
+    key = target.split("@", 1)[1]                      # fashion_mnist-3 or fashion_mnist-trunc_normal
+    name = key.split("-", 1)[1]
+    return f"results/train/{DATASET}-" + (f"impulse{name}" if name.isdigit() else name)
+
+
+def training_seconds(timings: Path) -> float | None:
+    """The seconds a cell's epochs took (training and evaluation), from the stage's own record
+    (logs/timings/<cell>/seed<first>.json: a stack's seeds share one clock); None if it wrote none."""
+    records = sorted(timings.glob("seed*.json"))
+    if not records:
+        return None
+    return sum(e["seconds"] for e in json.loads(records[0].read_text())["epochs"])
+
+
 def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) -> int:
     """The GPU dataset's cells through DVC in `root` (docstring, --grid): the main grid's, one
     stage (cell) at a time, the primary contrast's two first, then the data-size study's (not
@@ -243,23 +271,42 @@ def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) 
     rows = []
     for init in main_inits(params):
         for seed in params["grid"]["seeds"]:
-            metrics = root / "results/train" / main_cell(DATASET, init) / f"seed{seed}" / "metrics.json"
-            acc = json.loads(metrics.read_text())["final_test_acc"] * 100 if metrics.exists() else None
+            acc = final_accuracy(root / "results/train" / main_cell(DATASET, init) / f"seed{seed}" / "metrics.json")
             rows.append([init, seed, "-" if acc is None else f"{acc:.2f}"])
     cells = [f"results/train/{main_cell(DATASET, i)}" for i in main_inits(params)] + ([] if main_only else [
         f"results/studies/data_size/{study_cell(DATASET, f, i)}"
         for f in size["gpu"]["fractions"] for i in size["inits"]])
     name = f"fashion_mnist_grid-{card_slug(info['card'])}-{info['commit'].split()[0]}.md"
+    per_stage = []
+    for target, wall in stage_seconds.items():
+        cell = cell_of(target, groups)
+        trained = training_seconds(root / "logs/timings" / cell) if cell else None
+        done = code == 0 or target != list(stage_seconds)[-1]
+        per_stage.append([target + ("" if done else " (cut short)"), f"{wall:.0f}",
+                          "-" if trained is None else f"{trained:.0f}",
+                          "-" if trained is None or not done else f"{wall - trained:.0f}"])
+    main_targets = groups["main grid"]
+    finished_main = [t for t in main_targets if t in stage_seconds and (code == 0 or t != list(stage_seconds)[-1])]
+    priced = ""
+    if 0 < len(finished_main) < len(main_targets):
+        later = [stage_seconds[t] for t in finished_main[1:]] or [stage_seconds[finished_main[0]]]
+        whole = sum(stage_seconds[t] for t in finished_main) + (len(main_targets) - len(finished_main)) * (
+            sum(later) / len(later))
+        priced = (f"\n\n{len(finished_main)} of the main grid's {len(main_targets)} cells finished. With each cell "
+                  f"not run priced at the mean of the finished stages after the first (whose epoch 1 compiled "
+                  f"cold), the whole main grid would take about **{whole / 60:.1f} min** on this card "
+                  "(an extrapolation, not a measurement of the whole grid).")
     text = (f"# Fashion-MNIST on one {info['card']} (python -m tools.fashion_mnist --grid)\n\n"
             f"Machine: {info['card']} ({info['device']}), torch {info['torch']}, commit {info['commit']}"
             f"{'; this run listed it in params.yaml' if listed and finished else ''}. `dvc repro` exit {code}.\n\n"
             + tabulate([[g, len(groups[g]), f"{seconds[g] / 60:.1f}"] for g in seconds],
                        headers=["stages", "cells", "min (dvc repro, stage start-ups included)"], tablefmt="github")
-            + "\n\nEach stage (`dvc repro <stage>`: the process start, data, Q/K solve, compile, training, "
-              "evaluation every epoch, saving), in the order run:\n\n"
-            + tabulate([[t, f"{v:.0f}"] for t, v in stage_seconds.items()], headers=["stage", "s"],
-                       tablefmt="github")
-            + "\n\nThe main grid's final test accuracy per seed, %:\n\n"
+            + "\n\nEach stage in the order run: its wall seconds (`dvc repro <stage>`), the seconds its epochs "
+              "took (training and the test set every epoch: logs/timings, its first seed's), and the rest "
+              "(DVC, the process start, data, Q/K solve, memory estimate, saving):\n\n"
+            + tabulate(per_stage, headers=["stage", "wall s", "epochs s", "rest s"], tablefmt="github")
+            + priced
+            + "\n\nThe main grid's final test accuracy per seed, % (- : not finished):\n\n"
             + tabulate(rows, headers=["init", "seed", "final test acc %"], tablefmt="github") + "\n")
     (root / "benchmarks" / name).write_text(text)
     print(text)

@@ -62,6 +62,7 @@ ESTIMATE_ROW = "memory estimate the trainer printed, GiB"
 RATIO_ROW = "estimate / peak"
 NOT_MEASURED = "not measured"
 FM_RATE_ROW = "cell images/s (every seed stacked), epochs 2 and later: median"
+FM_ALONE_ROW = "model-images/s, one model of the recipe alone (as a cell trains one after another): median"
 FM_GRID_ROW = "the main grid's cells, min (training and evaluation; stage start-ups not included)"
 
 
