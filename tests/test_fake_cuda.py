@@ -32,10 +32,11 @@ from structinit.training import trainer
 from structinit.training.batches import BatchAugmentation, EpochBatches
 from structinit.training.checkpoint import stacked_adamw
 from structinit.training.evaluation import evaluation_sums
-from structinit.training.memory import estimate_training_memory
+from structinit.training.memory import deepcopied_as_fake, estimate_training_memory
 from structinit.training.step import Objective, plan_gradients
 from structinit.training.stacked import StackedModels
 
+pytestmark = pytest.mark.filterwarnings("error:Accessing the data pointer of FakeTensor")
 CUDA = torch.device("cuda", 0)
 
 
@@ -86,6 +87,10 @@ def fake_cuda(module: torch.nn.Module, mode: FakeTensorMode, frozen_from: torch.
         for name, b in list(m._buffers.items()):
             if b is not None:
                 m._buffers[name] = mode.from_tensor(b).to(CUDA)
+    # the stack deep-copies a model: copied as the memory estimate copies its fake models, with
+    # no data pointer read (torch's "Accessing the data pointer of FakeTensor is deprecated")
+    for t in (*module.parameters(), *module.buffers()):
+        deepcopied_as_fake(t)
     return module
 
 

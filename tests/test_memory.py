@@ -154,7 +154,7 @@ def test_the_estimate_runs_the_trainers_attention_kernel():
 def test_the_estimate_calls_nothing_deprecated_and_warns_nothing():
     """The estimate deep-copies fake models (the stack's batched copy): torch's own deepcopy of
     a FakeTensor reads its data pointer, deprecated ("Accessing the data pointer of FakeTensor
-    is deprecated"), a warning every training stage printed. memory._copied_as_fake copies them
+    is deprecated"), a warning every training stage printed. memory.deepcopied_as_fake copies them
     as torch does without it: no warning, and the same figures (tests above)."""
     import warnings
 

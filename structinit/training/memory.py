@@ -136,11 +136,11 @@ def _fake_copies(model: torch.nn.Module, n: int) -> list[torch.nn.Module]:
         memo = {id(p): torch.nn.Parameter(fake(p)) for p in model.parameters() if p.requires_grad}
         copies.append(copy.deepcopy(model, {**memo, **frozen}))
     for t in chain(*(m.parameters() for m in copies), *(m.buffers() for m in copies)):
-        _copied_as_fake(t)
+        deepcopied_as_fake(t)
     return copies
 
 
-def _copied_as_fake(t: torch.Tensor) -> None:
+def deepcopied_as_fake(t: torch.Tensor) -> None:
     """Give the fake tensor `t` the deepcopy that Tensor.__deepcopy__ gives a tensor subclass
     without storage, minus its test `t.data_ptr() == 0`: a FakeTensor answers that with torch's
     "Accessing the data pointer of FakeTensor is deprecated" warning, printed by every training
@@ -163,7 +163,7 @@ def _copied_as_fake(t: torch.Tensor) -> None:
                     setattr(new, slot, copy.deepcopy(getattr(t, slot), memo))
             t._clear_non_serializable_cached_data()
             new.__dict__ = copy.deepcopy({k: v for k, v in t.__dict__.items() if k != "__deepcopy__"}, memo)
-        _copied_as_fake(new)
+        deepcopied_as_fake(new)
         memo[id(t)] = new
         return new
     t.__deepcopy__ = deepcopy
