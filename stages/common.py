@@ -13,6 +13,7 @@ import atexit
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from structinit.errors import StructinitError
@@ -122,6 +123,17 @@ def write_record(path: str | Path, record: dict) -> None:
     """A JSON record that is a DVC output: the same bytes on every run, so its timings (keys
     ending in "seconds") go to log_timings instead."""
     write_json(path, without_timings(record))
+
+
+def seconds_since_start() -> float | None:
+    """Wall seconds since this process started, the interpreter's start and every import
+    included (Linux: /proc/self/stat's start time against the boot clock, 10 ms ticks); None
+    where that is not readable."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 def log_timings(output: str | Path, timings: dict) -> None:

@@ -22,7 +22,8 @@ import torch
 from dvclive import Live
 
 from stages.common import (RESTART_VAR, add_variant_options, log_timings, refuse_cpu_for_gpu_recipe,
-                           requested_checkpoint_seconds, restart_requested, run_stage, write_record)
+                           requested_checkpoint_seconds, restart_requested, run_stage, seconds_since_start,
+                           write_record)
 from structinit.data.specs import STREAMED
 from structinit.data.tensors import ImageData, prepare_dataset, stratified_subset
 from structinit.io import save_torch, without_timings
@@ -115,6 +116,9 @@ def main(module: str = "stages.train", load_data=None, train_cell=None):
     """Train the cell the flags name. `load_data(a, params)` -> (spec, train labels, data) and
     `train_cell(...)` -> per-seed histories default to the on-device ones; train_streamed.py
     passes its own."""
+    # where a stage's fixed cost goes (logs/timings/<out>/phases.json): seconds since the process
+    # started at each mark, its imports included
+    phases = {"imported": seconds_since_start()}
     a = parse_args()
     requested_micro_batch()                   # bad values stop here, before any work
     every_s, restart = requested_checkpoint_seconds(), restart_requested()
@@ -130,12 +134,14 @@ def main(module: str = "stages.train", load_data=None, train_cell=None):
     rec = params.recipe(a.dataset)
     seeds = params.seeds_at(a.seeds_from)
     spec, labels, data = (load_data or load_on_device)(a, params)
+    phases["data"] = seconds_since_start()
     subset = stratified_subset(labels, params["data"]["train_size"], seed=params["data"]["subset_seed"])
     train, sizes = rec.train, {}
     if a.train_fraction is not None:
         subset, train, sizes = data_size_cell(a, train, subset, labels, params["data"]["subset_seed"])
     cfgs = [TrainConfig(**train, seed=seed) for seed in seeds]
     models, records = zip(*(build_cell_model(cell_model(a), params, spec, seed) for seed in seeds))
+    phases["built"] = seconds_since_start()
     # Checkpoints live outside DVC's outputs (DVC deletes outputs before a stage runs), so an
     # interrupted cell resumes from its last finished epoch: on-device cells from one file with
     # every seed (checkpoint.pt), streamed ones seed by seed. STRUCTINIT_CKPT_DIR moves them;
@@ -174,12 +180,14 @@ def main(module: str = "stages.train", load_data=None, train_cell=None):
                     lives[i].log_metric(key.replace("_", "/", 1), metrics[key])
             lives[i].next_step()
 
+        phases["training"] = seconds_since_start()
         histories = (train_cell or train_on_device)(a, list(models), params, data=data, cfgs=cfgs, subset=subset,
                                                     ckpt_dir=ckpt_dir, fingerprints=fingerprints, log=log,
                                                     checkpoint_every_s=every_s, dtype=dtype)
         for live, history in zip(lives, histories):
             live.summary["best_test_acc"] = max(h["test_acc"] for h in history if "test_acc" in h)
             live.summary["final_test_acc"] = history[-1]["test_acc"]
+    phases["trained"] = seconds_since_start()
     if not main_rank:
         return
     for seed, record, model, history in zip(seeds, records, models, histories):
@@ -196,6 +204,8 @@ def main(module: str = "stages.train", load_data=None, train_cell=None):
     # the cell's checkpoint, or each model's where the trainer ran them one after another (on a GPU)
     for done in [ckpt_dir / "checkpoint.pt", *ckpt_dir.glob("checkpoint-model*.pt")]:
         done.unlink(missing_ok=True)
+    phases["saved"] = seconds_since_start()
+    log_timings(Path(a.out) / "phases", {"seconds_since_start": phases})
 
 
 def cpu_estimate(a, params) -> str:

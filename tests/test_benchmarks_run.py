@@ -37,8 +37,13 @@ def test_timings_prints_the_logs_the_stages_write(tmp_path):
     solve = tmp_path / "artifacts/preopt/digits-3/seed0.json"
     solve.parent.mkdir(parents=True)
     solve.write_text(json.dumps({"solve_seconds": 0.25}))
+    phases = tmp_path / "results/train/digits-impulse3/phases.json"
+    phases.write_text(json.dumps({"seconds_since_start": {"imported": 3.3, "data": 3.5, "built": 4.0,
+                                                          "training": 4.5, "trained": 30.0, "saved": None}}))
     out = run("timings", "--logs", str(tmp_path))
     assert "results/train/digits-impulse3/seed0" in out and "1234" in out
+    marks = r" +\| +".join(re.escape(m) for m in ("3.3", "3.5", "4.0", "4.5", "30.0"))
+    assert re.search(rf"\| results/train/digits-impulse3/phases +\| +{marks} +\| +\|", out), out
     assert re.search(r"\| artifacts/preopt/digits-3/seed0 +\| +0\.25 +\|", out), out
 
 

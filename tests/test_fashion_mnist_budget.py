@@ -156,6 +156,9 @@ def test_a_grid_cut_short_keeps_its_finished_cells_and_prices_the_rest(tmp_path,
         target = args[1]
         cell = tool.cell_of(target, {"main grid": [target]})
         ran.append(target)
+        (root / "logs/timings" / cell).mkdir(parents=True, exist_ok=True)   # (the cut one's: an older run's)
+        (root / "logs/timings" / cell / "phases.json").write_text(json.dumps({"seconds_since_start": {
+            "imported": 8.0, "data": 9.0, "built": 10.0, "training": 12.0, "trained": 165.0, "saved": 167.0}}))
         for seed in range(5):
             out = root / cell / f"seed{seed}"
             out.mkdir(parents=True, exist_ok=True)
@@ -177,4 +180,8 @@ def test_a_grid_cut_short_keeps_its_finished_cells_and_prices_the_rest(tmp_path,
     assert "would take about" in report and "extrapolation" in report
     assert "86.50" in report and "85.50" in report             # impulse3's seeds, then trunc_normal's
     rows = [line for line in report.splitlines() if line.startswith(f"| {ran[0]} ")]
-    assert rows and "| 150 " in rows[0]                            # its epochs' seconds, from logs/timings
+    cols = [c.strip() for c in rows[0].strip("|").split("|")]
+    # wall (the fake dvc takes ~0 s), before training 12, epochs 150 (seed files), after 2, DVC wall - 167
+    assert cols[2:5] == ["12", "150", "2"], cols
+    cut = [c.strip() for c in next(line for line in report.splitlines() if "(cut short)" in line).strip("|").split("|")]
+    assert cut[2:] == ["-"] * 4, cut                                # a cut stage's phases are not its own

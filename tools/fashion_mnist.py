@@ -215,6 +215,16 @@ def training_seconds(timings: Path) -> float | None:
     return sum(e["seconds"] for e in json.loads(records[0].read_text())["epochs"])
 
 
+def stage_phases(timings: Path) -> dict:
+    """A training stage's marks (stages/train.py: seconds since its process started when its
+    imports, data, models, training and saving were done), from logs/timings/<cell>/phases.json;
+    {} if it wrote none (a run cut short, or an older stage)."""
+    path = timings / "phases.json"
+    if not path.exists():
+        return {}
+    return {k: v for k, v in json.loads(path.read_text())["seconds_since_start"].items() if v is not None}
+
+
 def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) -> int:
     """The GPU dataset's cells through DVC in `root` (docstring, --grid): the main grid's, one
     stage (cell) at a time, the primary contrast's two first, then the data-size study's (not
@@ -280,11 +290,13 @@ def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) 
     per_stage = []
     for target, wall in stage_seconds.items():
         cell = cell_of(target, groups)
-        trained = training_seconds(root / "logs/timings" / cell) if cell else None
-        done = code == 0 or target != list(stage_seconds)[-1]
+        done = code == 0 or target != list(stage_seconds)[-1]       # a cut stage's logs are an older run's
+        trained = training_seconds(root / "logs/timings" / cell) if cell and done else None
+        marks = stage_phases(root / "logs/timings" / cell) if cell and done else {}
+        before, after, dvc = (marks.get("training"), marks["saved"] - marks["trained"], wall - marks["saved"]
+                              ) if "saved" in marks else (None, None, None)
         per_stage.append([target + ("" if done else " (cut short)"), f"{wall:.0f}",
-                          "-" if trained is None else f"{trained:.0f}",
-                          "-" if trained is None or not done else f"{wall - trained:.0f}"])
+                          *("-" if x is None else f"{x:.0f}" for x in (before, trained, after, dvc))])
     main_targets = groups["main grid"]
     finished_main = [t for t in main_targets if t in stage_seconds and (code == 0 or t != list(stage_seconds)[-1])]
     priced = ""
@@ -301,10 +313,12 @@ def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) 
             f"{'; this run listed it in params.yaml' if listed and finished else ''}. `dvc repro` exit {code}.\n\n"
             + tabulate([[g, len(groups[g]), f"{seconds[g] / 60:.1f}"] for g in seconds],
                        headers=["stages", "cells", "min (dvc repro, stage start-ups included)"], tablefmt="github")
-            + "\n\nEach stage in the order run: its wall seconds (`dvc repro <stage>`), the seconds its epochs "
-              "took (training and the test set every epoch: logs/timings, its first seed's), and the rest "
-              "(DVC, the process start, data, Q/K solve, memory estimate, saving):\n\n"
-            + tabulate(per_stage, headers=["stage", "wall s", "epochs s", "rest s"], tablefmt="github")
+            + "\n\nEach stage in the order run: its wall seconds (`dvc repro <stage>`); in its process, the "
+              "seconds before training (the interpreter, imports, data, models, Q/K solve), its epochs' "
+              "(training and the test set every epoch, the compile in epoch 1), and after training (saving); "
+              "outside its process (DVC). From logs/timings (phases.json, and its first seed's epochs):\n\n"
+            + tabulate(per_stage, headers=["stage", "wall s", "before training s", "epochs s", "after training s",
+                                           "DVC s"], tablefmt="github")
             + priced
             + "\n\nThe main grid's final test accuracy per seed, % (- : not finished):\n\n"
             + tabulate(rows, headers=["init", "seed", "final test acc %"], tablefmt="github") + "\n")
