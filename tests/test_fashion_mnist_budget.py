@@ -129,59 +129,77 @@ def test_the_main_grid_alone_runs_its_cells_one_by_one_the_primary_pair_first(tm
     monkeypatch.setenv("STRUCTINIT_ALLOW_CPU", "1")
     assert tool.run_grid(copy, timeout=300, main_only=True) == 0
     p = load_params(copy / "params.yaml")
-    ours = f"impulse{p['init']['kernel']}"
     assert targets[:2] == [f"train_gpu_impulse@fashion_mnist-{p['init']['kernel']}",
                            "train_gpu_baseline@fashion_mnist-trunc_normal"]
     assert len(targets) == len(set(targets)) == len(tool.arms(p)) and not any("study" in t for t in targets)
     assert all(0 < t <= 300 for t in timeouts) and timeouts == sorted(timeouts, reverse=True)
     assert p["grid"]["gpu_datasets"] == ["fashion_mnist"] and p["studies"]["data_size"]["gpu"]["datasets"] == []
     report = next((copy / "benchmarks").glob("fashion_mnist_grid-*.md")).read_text()
-    assert all(f"| {t} " in report for t in targets) and ours in report
+    listed = [line.split("|")[1].split()[0] for line in report.splitlines() if line.startswith("| train_gpu")]
+    assert listed == targets                                              # the stage table, in the order run
 
 
 def test_a_grid_cut_short_keeps_its_finished_cells_and_prices_the_rest(tmp_path, monkeypatch):
-    """The call's window ends inside the third cell (as on the H200 at 17f4fe7): the two finished
-    cells' accuracies and seconds are written, the cut one is marked and its running metrics
-    (no final_test_acc yet) read as unfinished, and the whole grid is priced from the finished
-    stages, labelled an extrapolation; params.yaml is as it was."""
+    """The call's window ends inside a cell (as on the H200 at 17f4fe7): the finished cells'
+    accuracies and seconds are written, split by the stage's own marks; a cell DVC skipped as up
+    to date is marked so (its logs are an older run's) and left out of the price; the cut one is
+    marked and its running metrics (no final_test_acc yet) read as unfinished; the whole grid is
+    priced from the cells trained in this run, labelled an extrapolation; params.yaml is as it was."""
     import json
+    import os
 
+    from structinit.pipeline.cells import main_stage
+    from structinit.pipeline.load import load_params
     from tools import scratch
 
     copy = scratch.copy_working_tree(tmp_path / "repo")
     before = (copy / "params.yaml").read_text()
+    p = load_params(copy / "params.yaml")
+    p["grid"]["gpu_datasets"] = ["fashion_mnist"]                        # as the run lists it
+    cells = {main_stage("train", "fashion_mnist", i, p): f"results/train/fashion_mnist-{i}" for i in tool.arms(p)}
     ran = []
+
+    def write_logs(root, cell, acc):
+        logs = root / "logs/timings" / cell
+        logs.mkdir(parents=True, exist_ok=True)
+        (logs / "phases.json").write_text(json.dumps({"seconds_since_start": {
+            "imported": 8.0, "data": 9.0, "built": 10.0, "training": 12.0, "trained": 165.0, "saved": 167.0}}))
+        for seed in range(5):
+            (root / cell / f"seed{seed}").mkdir(parents=True, exist_ok=True)
+            (root / cell / f"seed{seed}/metrics.json").write_text(json.dumps({"final_test_acc": acc}))
+            (logs / f"seed{seed}.json").write_text(json.dumps({"epochs": [{"seconds": 100.0}, {"seconds": 50.0}]}))
+
+    # Trunc Normal trained in an earlier run: DVC finds it up to date and runs nothing
+    write_logs(copy, cells["train_gpu_baseline@fashion_mnist-trunc_normal"], 0.855)
+    old = copy / "logs/timings" / cells["train_gpu_baseline@fashion_mnist-trunc_normal"] / "phases.json"
+    os.utime(old, (1e9, 1e9))
 
     def dvc(root, *args, timeout=None, **kw):
         target = args[1]
-        cell = tool.cell_of(target, {"main grid": [target]})
         ran.append(target)
-        (root / "logs/timings" / cell).mkdir(parents=True, exist_ok=True)   # (the cut one's: an older run's)
-        (root / "logs/timings" / cell / "phases.json").write_text(json.dumps({"seconds_since_start": {
-            "imported": 8.0, "data": 9.0, "built": 10.0, "training": 12.0, "trained": 165.0, "saved": 167.0}}))
-        for seed in range(5):
-            out = root / cell / f"seed{seed}"
-            out.mkdir(parents=True, exist_ok=True)
-            if len(ran) == 3:                                   # dvclive's running metrics, then the kill
-                (out / "metrics.json").write_text(json.dumps({"test": {"acc": 0.8}, "step": 4}))
-                continue
-            (out / "metrics.json").write_text(json.dumps({"final_test_acc": 0.875 - 0.01 * len(ran)}))
-            record = root / "logs/timings" / cell / f"seed{seed}.json"
-            record.parent.mkdir(parents=True, exist_ok=True)
-            record.write_text(json.dumps({"epochs": [{"seconds": 100.0}, {"seconds": 50.0}]}))
-        return scratch.TIMED_OUT if len(ran) == 3 else 0
+        if "trunc_normal" in target:
+            return 0                                                      # up to date
+        if len(ran) == 4:                                                 # dvclive's running metrics, then the kill
+            for seed in range(5):
+                (root / cells[target] / f"seed{seed}").mkdir(parents=True, exist_ok=True)
+                (root / cells[target] / f"seed{seed}/metrics.json").write_text(json.dumps({"step": 4}))
+            return scratch.TIMED_OUT
+        write_logs(root, cells[target], 0.875 - 0.01 * len(ran))
+        return 0
 
     monkeypatch.setattr(scratch, "run_dvc", dvc)
     monkeypatch.setenv("STRUCTINIT_ALLOW_CPU", "1")
     assert tool.run_grid(copy, timeout=300, main_only=True) == scratch.TIMED_OUT
-    assert len(ran) == 3 and (copy / "params.yaml").read_text() == before
+    assert len(ran) == 4 and (copy / "params.yaml").read_text() == before
     report = next((copy / "benchmarks").glob("fashion_mnist_grid-*.md")).read_text()
-    assert f"| {ran[2]} (cut short) " in report and "2 of the main grid's 6 cells finished" in report
-    assert "would take about" in report and "extrapolation" in report
-    assert "86.50" in report and "85.50" in report             # impulse3's seeds, then trunc_normal's
-    rows = [line for line in report.splitlines() if line.startswith(f"| {ran[0]} ")]
-    cols = [c.strip() for c in rows[0].strip("|").split("|")]
-    # wall (the fake dvc takes ~0 s), before training 12, epochs 150 (seed files), after 2, DVC wall - 167
-    assert cols[2:5] == ["12", "150", "2"], cols
-    cut = [c.strip() for c in next(line for line in report.splitlines() if "(cut short)" in line).strip("|").split("|")]
-    assert cut[2:] == ["-"] * 4, cut                                # a cut stage's phases are not its own
+    lines = report.splitlines()
+
+    def row(target):
+        line = next(line for line in lines if line.startswith(f"| {target}"))
+        return [c.strip() for c in line.strip("|").split("|")]
+
+    assert row(ran[0])[0] == ran[0] and row(ran[0])[2:6] == ["12.0", "153.0", "150.0", "2.0"]
+    assert row(ran[1])[0].endswith("(up to date: not run)") and row(ran[1])[2:] == ["-"] * 5
+    assert row(ran[3])[0].endswith("(cut short)") and row(ran[3])[2:] == ["-"] * 5
+    assert "2 of the main grid's 6 cells trained to the end" in report and "extrapolation" in report
+    assert "86.50" in report and "85.50" in report and "84.50" in report   # impulse3, trunc_normal, kaiming

@@ -75,8 +75,10 @@ def test_the_grid_runs_unfrozen_then_freezes_and_a_cpu_only_reads_it(tmp_path):
         assert "stage start-ups included" in report and "| trunc_normal |" in report
         # each stage's phases (stages/train.py's marks): before training, epochs, after, DVC
         row = next(line for line in report.splitlines() if line.startswith("| train_gpu_baseline@fashion_mnist-trunc"))
-        before, epochs, after, dvc = (float(c) for c in row.strip("|").split("|")[2:])
-        assert before > 0 and epochs > 0 and after >= 0 and dvc >= 0, row
+        cols = [c.strip() for c in row.strip("|").split("|")]
+        assert "-" not in cols[2:], row                                  # it ran here: every phase is its own
+        before, training, epochs, after, dvc = (float(c) for c in cols[2:])
+        assert before > 0 and training >= epochs > 0 and after >= 0 and dvc >= 0, row
         # a copy of it carries the committed cells (frozen outputs) with their lock entries
         copy = scratch.copy_working_tree(tmp_path / "copy", root=s.repo)
         assert (copy / "results/train/fashion_mnist-impulse3/seed1/metrics.json").exists()

@@ -197,32 +197,46 @@ def final_accuracy(metrics: Path) -> float | None:
     return None if acc is None else acc * 100
 
 
-def cell_of(target: str, groups: dict) -> str | None:
-    """results/... folder name (under logs/timings) of a main-grid stage address."""
-    if target not in groups.get("main grid", []):
-        return None
-    key = target.split("@", 1)[1]                      # fashion_mnist-3 or fashion_mnist-trunc_normal
-    name = key.split("-", 1)[1]
-    return f"results/train/{DATASET}-" + (f"impulse{name}" if name.isdigit() else name)
-
-
-def training_seconds(timings: Path) -> float | None:
-    """The seconds a cell's epochs took (training and evaluation), from the stage's own record
-    (logs/timings/<cell>/seed<first>.json: a stack's seeds share one clock); None if it wrote none."""
-    records = sorted(timings.glob("seed*.json"))
-    if not records:
-        return None
-    return sum(e["seconds"] for e in json.loads(records[0].read_text())["epochs"])
-
-
-def stage_phases(timings: Path) -> dict:
-    """A training stage's marks (stages/train.py: seconds since its process started when its
-    imports, data, models, training and saving were done), from logs/timings/<cell>/phases.json;
-    {} if it wrote none (a run cut short, or an older stage)."""
+def stage_logs(timings: Path, since: float) -> dict | None:
+    """What a training stage that ran in this command logged (stages/train.py): its marks
+    (seconds since its process started when its imports, data, models, training and saving were
+    done: logs/timings/<cell>/phases.json) and its first seed's epochs' seconds (seed<s>.json: a
+    stack's seeds share one clock); None when no phases.json was written after `since` (a time
+    stamp: DVC skipped the stage as up to date, or it was cut before saving, and any log there is
+    an older run's)."""
     path = timings / "phases.json"
-    if not path.exists():
-        return {}
-    return {k: v for k, v in json.loads(path.read_text())["seconds_since_start"].items() if v is not None}
+    if not path.exists() or path.stat().st_mtime < since:
+        return None
+    marks = {k: v for k, v in json.loads(path.read_text())["seconds_since_start"].items() if v is not None}
+    records = sorted(timings.glob("seed*.json"))
+    epochs = sum(e["seconds"] for e in json.loads(records[0].read_text())["epochs"]) if records else None
+    return {**marks, "epochs": epochs}
+
+
+def stage_table(stage_seconds: dict, started: dict, cells: dict, code: int, root: Path) -> tuple[list, dict]:
+    """Each stage's row (its wall seconds; in its process: before training, training, of which
+    its epochs, after training; outside it: DVC) and the stages that trained in this command,
+    finished ({target: wall s}) for the price. The last stage is the cut one when dvc's status
+    says the timeout ended it, the failed one when it says otherwise."""
+    from tools.scratch import TIMED_OUT
+
+    rows, fresh = [], {}
+    last = list(stage_seconds)[-1] if stage_seconds else None
+    for target, wall in stage_seconds.items():
+        if target == last and code:
+            rows.append([target + (" (cut short)" if code == TIMED_OUT else " (failed)"), f"{wall:.1f}",
+                         *["-"] * 5])
+            continue
+        logs = stage_logs(root / "logs/timings" / cells[target], started[target]) if target in cells else None
+        if logs is None or "saved" not in logs:
+            rows.append([target + " (up to date: not run)" if target in cells else target, f"{wall:.1f}",
+                         *["-"] * 5])
+            continue
+        fresh[target] = wall
+        parts = (logs.get("training"), logs["trained"] - logs["training"] if "training" in logs else None,
+                 logs["epochs"], logs["saved"] - logs["trained"], wall - logs["saved"])
+        rows.append([target, f"{wall:.1f}", *("-" if x is None else f"{x:.1f}" for x in parts)])
+    return rows, fresh
 
 
 def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) -> int:
@@ -234,7 +248,7 @@ def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) 
     back as it was: a frozen stage without its outputs would stop every later `dvc repro`."""
     from structinit.pipeline.cells import main_cell, main_inits, main_stage, study_cell
     from structinit.pipeline.load import load_params
-    from tools.scratch import pipeline_env, run_dvc
+    from tools.scratch import TIMED_OUT, pipeline_env, run_dvc
 
     if not torch.cuda.is_available() and os.environ.get("STRUCTINIT_ALLOW_CPU") != "1":
         raise SystemExit("error: no GPU: the grid's stages train on a GPU (on this CPU each cell would take "
@@ -243,7 +257,7 @@ def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) 
     env = pipeline_env(root)
     original = (root / "params.yaml").read_text()
     yaml_cmd = [sys.executable, "-m", "structinit.pipeline.dvc_yaml", "--write"]
-    code, seconds, stage_seconds, finished = 1, {}, {}, False
+    code, seconds, stage_seconds, started, cells_of, finished = 1, {}, {}, {}, {}, False
     ends = None if timeout is None else time.monotonic() + timeout
     try:
         listed = list_as_gpu_dataset(root / "params.yaml", ("grid.gpu_datasets",) if main_only else tuple(GPU_LISTS))
@@ -253,6 +267,8 @@ def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) 
         first = [i for i in (f"impulse{params['init']['kernel']}", "trunc_normal") if i in main_inits(params)]
         order = list(dict.fromkeys([*first, *main_inits(params)]))
         groups = {"main grid": [main_stage("train", DATASET, init, params) for init in order]}
+        cells_of = {main_stage("train", DATASET, init, params): f"results/train/{main_cell(DATASET, init)}"
+                    for init in order}
         if not main_only:
             groups["data-size study"] = [f"study_data_size_gpu@{DATASET}-{f}-{init}"
                                          for f in size["gpu"]["fractions"] for init in size["inits"]]
@@ -261,7 +277,10 @@ def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) 
             t = time.perf_counter()
             for target in targets:
                 left = None if ends is None else ends - time.monotonic()
-                s = time.perf_counter()
+                if left is not None and left <= 0:                  # the window is spent: launch nothing
+                    code = TIMED_OUT
+                    break
+                s, started[target] = time.perf_counter(), time.time()
                 code = run_dvc(root, "repro", target, env=env, timeout=left,
                                on_line=lambda line: print(line, end="", flush=True))
                 stage_seconds[target] = time.perf_counter() - s
@@ -276,8 +295,9 @@ def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) 
         if not finished:
             (root / "params.yaml").write_text(original)
             print("\nthe grid did not finish: params.yaml is as it was. A stage that ran and failed had its "
-                  "outputs removed by DVC: `git checkout -- results/` brings committed ones back; a re-run "
-                  "resumes each cell from its checkpoint", flush=True)
+                  "outputs removed by DVC: `git checkout -- results/` brings committed ones back. dvc.lock keeps "
+                  "the finished cells' entries, so a re-run skips them (`git checkout -- dvc.lock` drops them) "
+                  "and resumes a cut cell from its checkpoint", flush=True)
     rows = []
     for init in main_inits(params):
         for seed in params["grid"]["seeds"]:
@@ -287,25 +307,15 @@ def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) 
         f"results/studies/data_size/{study_cell(DATASET, f, i)}"
         for f in size["gpu"]["fractions"] for i in size["inits"]])
     name = f"fashion_mnist_grid-{card_slug(info['card'])}-{info['commit'].split()[0]}.md"
-    per_stage = []
-    for target, wall in stage_seconds.items():
-        cell = cell_of(target, groups)
-        done = code == 0 or target != list(stage_seconds)[-1]       # a cut stage's logs are an older run's
-        trained = training_seconds(root / "logs/timings" / cell) if cell and done else None
-        marks = stage_phases(root / "logs/timings" / cell) if cell and done else {}
-        before, after, dvc = (marks.get("training"), marks["saved"] - marks["trained"], wall - marks["saved"]
-                              ) if "saved" in marks else (None, None, None)
-        per_stage.append([target + ("" if done else " (cut short)"), f"{wall:.0f}",
-                          *("-" if x is None else f"{x:.0f}" for x in (before, trained, after, dvc))])
+    per_stage, fresh = stage_table(stage_seconds, started, cells_of, code, root)
     main_targets = groups["main grid"]
-    finished_main = [t for t in main_targets if t in stage_seconds and (code == 0 or t != list(stage_seconds)[-1])]
+    done_main = [t for t in main_targets if t in fresh]
     priced = ""
-    if 0 < len(finished_main) < len(main_targets):
-        later = [stage_seconds[t] for t in finished_main[1:]] or [stage_seconds[finished_main[0]]]
-        whole = sum(stage_seconds[t] for t in finished_main) + (len(main_targets) - len(finished_main)) * (
-            sum(later) / len(later))
-        priced = (f"\n\n{len(finished_main)} of the main grid's {len(main_targets)} cells finished. With each cell "
-                  f"not run priced at the mean of the finished stages after the first (whose epoch 1 compiled "
+    if done_main and len(done_main) < len(main_targets):
+        later = [fresh[t] for t in done_main[1:]] or [fresh[done_main[0]]]
+        whole = sum(fresh[t] for t in done_main) + (len(main_targets) - len(done_main)) * sum(later) / len(later)
+        priced = (f"\n\n{len(done_main)} of the main grid's {len(main_targets)} cells trained to the end in this "
+                  f"run. With each other cell priced at the mean of those after the first (whose epoch 1 compiled "
                   f"cold), the whole main grid would take about **{whole / 60:.1f} min** on this card "
                   "(an extrapolation, not a measurement of the whole grid).")
     text = (f"# Fashion-MNIST on one {info['card']} (python -m tools.fashion_mnist --grid)\n\n"
@@ -314,11 +324,13 @@ def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) 
             + tabulate([[g, len(groups[g]), f"{seconds[g] / 60:.1f}"] for g in seconds],
                        headers=["stages", "cells", "min (dvc repro, stage start-ups included)"], tablefmt="github")
             + "\n\nEach stage in the order run: its wall seconds (`dvc repro <stage>`); in its process, the "
-              "seconds before training (the interpreter, imports, data, models, Q/K solve), its epochs' "
-              "(training and the test set every epoch, the compile in epoch 1), and after training (saving); "
-              "outside its process (DVC). From logs/timings (phases.json, and its first seed's epochs):\n\n"
-            + tabulate(per_stage, headers=["stage", "wall s", "before training s", "epochs s", "after training s",
-                                           "DVC s"], tablefmt="github")
+              "seconds before training (the interpreter, imports, data, models, Q/K solve), training (the "
+              "stacking plan and memory estimate, the data to the device, the epochs, checkpoints), of which "
+              "the epochs (training and the test set every epoch, the compile in epoch 1; its first seed's "
+              "record), and after training (saving); outside its process, DVC's. From logs/timings/<cell>/ "
+              "(phases.json, seed<s>.json):\n\n"
+            + tabulate(per_stage, headers=["stage", "wall s", "before training s", "training s", "of which epochs s",
+                                           "after training s", "DVC s"], tablefmt="github", disable_numparse=True)
             + priced
             + "\n\nThe main grid's final test accuracy per seed, % (- : not finished):\n\n"
             + tabulate(rows, headers=["init", "seed", "final test acc %"], tablefmt="github") + "\n")
