@@ -303,7 +303,7 @@ def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) 
         for seed in params["grid"]["seeds"]:
             acc = final_accuracy(root / "results/train" / main_cell(DATASET, init) / f"seed{seed}" / "metrics.json")
             rows.append([init, seed, "-" if acc is None else f"{acc:.2f}"])
-    cells = [f"results/train/{main_cell(DATASET, i)}" for i in main_inits(params)] + ([] if main_only else [
+    cells = list(cells_of.values()) + ([] if main_only else [
         f"results/studies/data_size/{study_cell(DATASET, f, i)}"
         for f in size["gpu"]["fractions"] for i in size["inits"]])
     name = f"fashion_mnist_grid-{card_slug(info['card'])}-{info['commit'].split()[0]}.md"
