@@ -2,6 +2,7 @@
 step, forward and backward, and every softmax/GELU, replayed on tensors like the step's own."""
 import re
 
+import pytest
 import torch
 import yaml
 
@@ -64,8 +65,12 @@ def test_step_floor_runs_tiny_and_its_floor_is_the_steps_own_work(capsys):
         assert re.search(rf"^\| {re.escape(row)} +\| +\d+(\.\d)? +\|", out, re.M)
     assert re.search(r"^the GEMMs: \d+\.\d\d GFLOP per step, \d+ GFLOP/s in sequence, \d+ hot$", out, re.M)
     m = r["medians_s"]
-    assert m["floor: heavy, hot"] < m["today (eager)"] and m["floor: GEMMs, hot"] < m["floor: heavy, hot"]
-    assert r["ceiling"] > 1
+    # No order of times is asserted: at 4 images and one repeat, which of two sub-10-ms timings
+    # comes first is the machine's noise (CI once saw the GEMMs alone outlast GEMMs + softmax/GELU).
+    # What the ceiling is, is asserted: with one repeat, today's step over its hot heavy floor.
+    assert all(seconds > 0 for seconds in m.values())
+    assert r["ceiling"] == pytest.approx(m["today (eager)"] / m["floor: heavy, hot"])
+    assert r["ceiling_vs_baseline"] == pytest.approx(1.5 * r["ceiling"])
     assert re.search(r"^ceiling against the baseline: 1\.50 \(trainer_speed\) x \d+\.\d\d = \d", out, re.M)
 
 
