@@ -17,7 +17,8 @@ the tree was dirty), then
       gpu_hours prices with), and min / median of epochs 2-4 (epoch 1 is warm-up); peak memory
       (torch.cuda.max_memory_allocated) against the estimate the trainer printed;
   (d) one digits cell as `dvc repro train_impulse@digits-3` trains it: 5 seeds x 160 epochs, Imp.-3,
-      stacked (the cell's whole training, warm-up included, as the stage pays it);
+      stacked (the cell's whole training, warm-up included, as the stage pays it); then the same
+      cell for 20 epochs with `cuda_graph: off`: what capturing the whole step gains per epoch;
   (e) one process under torchrun: the launcher, the device plan, the process group's backend;
   (f) one digits cell (2 seeds, 3 epochs) trained twice in this process: the same bytes or not;
   (g) where the time goes: one ViT-T/2 step (the paper's CIFAR recipe, the model as (b) builds it)
@@ -91,7 +92,7 @@ from tools.probe_file import (CARD_ROW, COMMIT_ROW, COMPILED_ROW, EAGER_ROW, EST
                               TINY_LABEL, TRAINER_ROW, probe_name)
 
 REPO = Path(__file__).resolve().parents[1]
-GPU_TESTS = ["tests/test_fake_cuda.py", "tests/test_memory.py", "tests/test_numerics.py",
+GPU_TESTS = ["tests/test_fake_cuda.py", "tests/test_step_graph.py", "tests/test_memory.py", "tests/test_numerics.py",
              "tests/test_distributed_plan.py", "tests/test_analysis.py", "tests/test_stacked.py"]
 GiB = 2 ** 30
 
@@ -403,9 +404,9 @@ def train_and_listen(models, data, cfgs, device, echo: bool, **kw) -> tuple[list
 
 def how_it_trained(said: str) -> str:
     """The trainer's own account: its 'training ...' lines, a plan to train one after another,
-    a compile that failed."""
+    a compile or a step's capture that failed."""
     keep = [line.strip() for line in said.splitlines()
-            if line.startswith(("training ", "warning: torch.compile"))]
+            if line.startswith(("training ", "warning: torch.compile", "warning: capturing"))]
     return " / ".join(dict.fromkeys(keep)).replace("|", "/")[:400]
 
 
@@ -617,12 +618,25 @@ def part_digits(device, sizes: Sizes, state: dict) -> str:
     state["digits"] = seconds
     log(f"(d) {len(seeds)} seeds x {epochs} epochs: {seconds:.1f} s")
     accs = ", ".join(f"{h[-1]['test_acc'] * 100:.2f}" for h in histories)
+    # The same cell with the step not captured (cuda_graph: off: the compiled forward's own
+    # graphs, the rest eager), fewer epochs: what the whole-step graph buys per epoch.
+    off_epochs = min(epochs, 20)
+    _, off_histories, _, off_seconds, off_said = digits_cell(params, seeds, off_epochs, sizes.digits_images, device,
+                                                             override={"cuda_graph": "off"})
+    off_per_epoch = [h["seconds"] for h in off_histories[0][1:]]
+    log(f"(d) the same cell, cuda_graph off, {off_epochs} epochs: {off_seconds:.1f} s")
+    gain = (f"{statistics.median(off_per_epoch) / statistics.median(per_epoch):.2f}x"
+            if per_epoch and off_per_epoch else NOT_MEASURED)
     return table(["what", "value"], [
         ["seeds x epochs", f"{len(seeds)} x {epochs} (batch {train['batch_size']}, evaluation every "
                            f"{train.get('eval_every', 1)} epochs, as the stage)"],
         ["the cell's training, s (train_models, warm-up included)", f"{seconds:.1f}"],
         ["seconds per epoch, epochs 2 and later: min / median (evaluation included where due)",
          " / ".join(min_median(per_epoch, 3)) if per_epoch else NOT_MEASURED],
+        [f"the same with cuda_graph: off ({off_epochs} epochs): min / median",
+         " / ".join(min_median(off_per_epoch, 3)) if off_per_epoch else NOT_MEASURED],
+        ["the whole-step graph's gain per epoch (median off / median on)", gain],
+        ["how it trained with cuda_graph: off", how_it_trained(off_said) or "-"],
         ["model-img/s, epochs 2 and later: median",
          n(statistics.median(h["images_per_s"] for h in histories[0][1:]) * len(seeds)) if per_epoch else NOT_MEASURED],
         ["Imp.-3 solves (closed form, here; the stage reads preoptimize's), s", f"{solve:.2f}"],

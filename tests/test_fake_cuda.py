@@ -11,6 +11,7 @@ these calls. The same mode counts the host<->device copies of one training step:
 stream sync on a GPU, so the step must make none.
 """
 import contextlib
+import functools
 
 import pytest
 import torch
@@ -33,7 +34,7 @@ from structinit.training.batches import BatchAugmentation, EpochBatches
 from structinit.training.checkpoint import stacked_adamw
 from structinit.training.evaluation import evaluation_sums
 from structinit.training.memory import deepcopied_as_fake, estimate_training_memory
-from structinit.training.step import Objective, plan_gradients
+from structinit.training.step import Objective, StepGraph, plan_gradients, train_step
 from structinit.training.stacked import StackedModels
 
 pytestmark = pytest.mark.filterwarnings("error:Accessing the data pointer of FakeTensor")
@@ -114,6 +115,20 @@ def mode():
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
+@contextlib.contextmanager
+def shape_only_fused_adamw_with_a_tensor_lr():
+    """FakeTensorMode has no kernel for fused AdamW's tensor-lr overload (StepGraph's: the lr a
+    graph reads from the device). It updates in place and returns nothing, so on tensors
+    without data its shape-level behaviour is to do nothing: registered as its Meta kernel
+    while the block runs. The Python around it (where a host lr would be copied) still runs."""
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("_fused_adamw_.tensor_lr", lambda *args, **kwargs: None, "Meta")
+    try:
+        yield
+    finally:
+        lib._destroy()
+
+
 def structured_vit():
     model = small_vit()
     record = si.initialize(model, "impulse", kernel=3, seed=0, target_mass=0.9)
@@ -149,13 +164,16 @@ def synthetic(name: str, n: int, mode: FakeTensorMode) -> ImageData:
                          torch.zeros(n, dtype=torch.long, device=CUDA))
 
 
-@pytest.mark.parametrize("recipe, n_models", [("digits", 2), ("cifar10", 1), ("cifar10", 2)])
-def test_a_training_step_and_the_evaluation_run_on_cuda_with_no_host_copies(mode, recipe, n_models):
+@pytest.mark.parametrize("recipe, n_models, graphed", [("digits", 2, False), ("digits", 2, True), ("cifar10", 1, False),
+                                                       ("cifar10", 2, False)])
+def test_a_training_step_and_the_evaluation_run_on_cuda_with_no_host_copies(mode, recipe, n_models, graphed):
     """The on-device trainer's epoch loop (epoch_steps: the batches gathered, augmented with
     the recipe's RandAugment and flips, each model's draws from its own generator put side by
     side, forward, loss, clip, fused AdamW; the eager forward, as on the CPU or with compile
     off) and its evaluation, on fake CUDA tensors: no device mismatch, and not one
-    host<->device copy in the step (RandAugment made 6 per model per step, each a stream sync)."""
+    host<->device copy in the step (RandAugment made 6 per model per step, each a stream sync).
+    graphed: the step a StepGraph captures (its input copies and lr fill included), run as it
+    runs with the graph switched off (FakeTensorMode cannot capture)."""
     p = load_params()
     spec = get_spec(recipe)
     train = {**p["recipes"][recipe]["train"], "batch_size": 8, "epochs": 2}
@@ -180,16 +198,21 @@ def test_a_training_step_and_the_evaluation_run_on_cuda_with_no_host_copies(mode
         stack.choose_attention(CUDA, dtype)
         augmentation = BatchAugmentation(data, cfg, CUDA)
         opt = stacked_adamw(stack, [None] * n_models, cfg, CUDA)
-        gradients, _ = plan_gradients(cfg.cpu_chunks, stack, CUDA, 8, Objective(stack, cfg, CUDA, dtype))
+        gradients, _ = plan_gradients(cfg.cpu_chunks, stack, CUDA, 8, Objective(stack, cfg, CUDA, dtype, graphed))
+        step = (StepGraph(stack, opt, gradients, max_norm=3.0, ctx=DistributedContext(), capture=False) if graphed
+                else functools.partial(train_step, stack, opt, gradients, max_norm=3.0, ctx=DistributedContext()))
         gens = [torch.Generator().manual_seed(s) for s in range(n_models)]   # a CPU generator stands in
-        with zero_gradients(), HostDeviceCopies() as copies:
+        adamw = shape_only_fused_adamw_with_a_tensor_lr() if graphed else contextlib.nullcontext()
+        with zero_gradients(), adamw, HostDeviceCopies() as copies:
             batches = EpochBatches(data.train_images, data.train_labels, augmentation, gens, 8, DistributedContext(),
                                    steps=1)
-            sums = trainer.epoch_steps(stack, opt, gradients, batches, [c.seed for c in cfgs], 0, cfg=cfg,
-                                       device=CUDA, ctx=DistributedContext(), progress=False)
+            sums = trainer.epoch_steps(step, batches, [c.seed for c in cfgs], 0, cfg=cfg, device=CUDA,
+                                       progress=False)
         assert copies.copies == [], copies.copies
-        assert {t.device for t in sums.values()} == {CUDA}
+        assert {t.device for t in sums.values() if isinstance(t, torch.Tensor)} == {CUDA}
         assert next(iter(opt.state.values()))["exp_avg"].device == CUDA       # the step ran
+        if graphed:       # the lr a graph reads: one device tensor (a host one would be baked in at capture)
+            assert all(g["lr"] is step.lr and g["capturable"] for g in opt.param_groups) and step.lr.device == CUDA
         with HostDeviceCopies() as copies:
             loss_sum, correct = evaluation_sums(stack, data.test_images, data.test_labels,
                                                 augmentation=augmentation, device=CUDA, dtype=dtype)

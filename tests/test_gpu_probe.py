@@ -60,6 +60,9 @@ def test_the_tiny_run_writes_every_part_with_numbers(tiny):
     e2e = {row["what"]: row["value"] for row in tables[SECTIONS["c"]]}
     assert number(e2e[RATE_ROW]) > 0
     assert "backend gloo, device cpu" in parts[SECTIONS["e"]]
+    digits = {row["what"]: row["value"] for row in tables[SECTIONS["d"]]}
+    # the same cell with the step's CUDA graph off: both timed (on the CPU neither captures)
+    assert re.fullmatch(r"\d+\.\d\dx", digits["the whole-step graph's gain per epoch (median off / median on)"])
     assert "| the same bytes | yes |" in parts[SECTIONS["f"]]
     fm = {row["what"]: row["value"] for row in tables[SECTIONS["h"]]}
     assert number(fm[FM_RATE_ROW]) > 0 and number(fm[FM_GRID_ROW]) > 0

@@ -106,6 +106,7 @@ def precision_note(cfg: TrainConfig, device: torch.device, dtype: str) -> str:
             "bf16 (Ampere, 8.0, and newer do)")
 
 
-def autocast(device: torch.device, dtype: str):
-    """The autocast context of a run that computes in `dtype` (compute_dtype's answer)."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
+def autocast(device: torch.device, dtype: str, cache: bool = True):
+    """The autocast context of a run that computes in `dtype` (compute_dtype's answer). cache:
+    autocast's cache of each weight's cast within a forward (off inside a captured CUDA graph)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16", cache_enabled=cache)

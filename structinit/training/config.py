@@ -9,6 +9,7 @@ from structinit.config import RandAugmentPolicy
 
 AMP_MODES = ("auto", "bf16", "off")
 COMPILE_MODES = ("auto", "on", "off")
+CUDA_GRAPH_MODES = ("auto", "off")
 
 
 @dataclass
@@ -31,6 +32,7 @@ class TrainConfig:
     cpu_chunks: str | int = "auto"  # CPU: run each batch as n single-threaded chunks (step.py)
     compile: str = "auto"        # torch.compile the step's forward and loss: auto = on CUDA, off on CPU
                                  # (where committed bytes are eager's); "on" / "off" anywhere
+    cuda_graph: str = "auto"     # auto: on CUDA, a stack's whole step captured as one CUDA graph (step.py)
     eval_every: int = 1          # test-set evaluation every n epochs (and always after the last)
     # The streamed trainer's (ImageNet) extras, timm's train.py options of the same meaning;
     # the on-device trainer refuses them rather than ignore them.
@@ -45,6 +47,8 @@ class TrainConfig:
             raise ValueError(f"amp={self.amp!r}; choose one of {AMP_MODES}")
         if self.compile not in COMPILE_MODES:
             raise ValueError(f"compile={self.compile!r}; choose one of {COMPILE_MODES}")
+        if self.cuda_graph not in CUDA_GRAPH_MODES:
+            raise ValueError(f"cuda_graph={self.cuda_graph!r}; choose one of {CUDA_GRAPH_MODES}")
         for name in ("epochs", "batch_size", "eval_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")

@@ -171,12 +171,13 @@ def deepcopied_as_fake(t: torch.Tensor) -> None:
 
 def simulated_peak_bytes(models: list[torch.nn.Module], image_shape: tuple[int, ...], *,
                          images_per_pass: int, eval_batch: int, dtype: str, fused_attention: bool | None = None,
-                         accumulate: bool = False, block: int = CUDA_BLOCK) -> int:
+                         accumulate: bool = False, block: int = CUDA_BLOCK, graphed: bool = False) -> int:
     """Peak live bytes of the models (as the caller holds them), the stack built from them, one
     training pass of `images_per_pass` images per model with its gradients, clip and fused
     AdamW step (whose moments stay), then one evaluation pass of `eval_batch` images seen by
     every model: run on fake tensors on the CPU. accumulate: micro-batches, whose gradients are
-    summed into a second buffer."""
+    summed into a second buffer. graphed: the step is a captured CUDA graph (step.StepGraph),
+    whose private memory keeps the training pass's peak while the evaluation runs beside it."""
     from structinit.training.stacked import StackedModels, mean_cross_entropy, set_grads
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -206,6 +207,8 @@ def simulated_peak_bytes(models: list[torch.nn.Module], image_shape: tuple[int, 
             stack.clip_grad_norms(1.0)
             opt = torch.optim.AdamW(list(params.values()), lr=1e-3, fused=True)
             opt.step()
+            train_peak, held = tracker.peak, tracker.live
+            tracker.peak = tracker.live                 # the evaluation's own peak, from here
             stack.eval()
             with torch.no_grad(), cast():
                 test = torch.empty(eval_batch, *image_shape)
@@ -215,24 +218,28 @@ def simulated_peak_bytes(models: list[torch.nn.Module], image_shape: tuple[int, 
             del opt, params, stack, out, test
             if accumulate:
                 del extra
-    return tracker.peak
+    if graphed:
+        return train_peak + tracker.peak - held
+    return max(train_peak, tracker.peak)
 
 
 def estimate_training_memory(models: list[torch.nn.Module], sample: torch.Tensor, *, batch: int,
                              micro_batch: int | None, dtype: str, data_bytes: int = 0,
                              fused_attention: bool | None = None, eval_batch: int = 1024,
-                             test_images: int | None = None, device_type: str = "cuda") -> MemoryEstimate:
+                             test_images: int | None = None, device_type: str = "cuda",
+                             graphed: bool = False) -> MemoryEstimate:
     """models: the stack's (one architecture); sample: a few training images (B, C, H, W), for
     their shape; batch: images per model per step in this process; eval_batch / test_images:
     the evaluation's batch and how many test images there are (the pass holds the smaller);
     fused_attention: the trainer's attention kernel (StackedModels.choose_attention);
-    device_type: "cuda" counts the allocator's rounding and the cuBLAS workspace."""
+    device_type: "cuda" counts the allocator's rounding and the cuBLAS workspace; graphed: the
+    step is captured as a CUDA graph (its training pass's peak stays held)."""
     per_pass = min(batch, micro_batch) if micro_batch else batch
     cuda = device_type == "cuda"
     peak = simulated_peak_bytes(models, tuple(sample.shape[1:]), images_per_pass=per_pass,
                                 eval_batch=min(eval_batch, test_images or eval_batch), dtype=dtype,
                                 fused_attention=fused_attention, accumulate=per_pass < batch,
-                                block=CUDA_BLOCK if cuda else 1)
+                                block=CUDA_BLOCK if cuda else 1, graphed=graphed)
     model = models[0]
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
@@ -276,7 +283,8 @@ def plan_stacking(models: list[torch.nn.Module], data, cfg, device: torch.device
     data: the ImageData; cfg: the TrainConfig; dtype: what the run computes in; processes: how
     many share each step's batch (torchrun); train_size: the training images used (a subset's
     size; None: all); micro_batch: images per model per pass, which the estimate counts as the
-    step does."""
+    step does. The estimate is the uncaptured step's: where a captured one (step.StepGraph)
+    would not fit, the trainer trains the stack uncaptured (graph_fits) rather than unstacked."""
     if device.type != "cuda":
         return True, "stacked on the CPU"
     flops = training_flops_per_image(models[0], tuple(data.train_images.shape[1:])) * cfg.batch_size
@@ -296,16 +304,28 @@ def plan_stacking(models: list[torch.nn.Module], data, cfg, device: torch.device
     return True, f"one model's step is {flops / 1e9:.0f} GFLOP: the host sets the pace, so the seeds stack"
 
 
+def graph_fits(estimate: MemoryEstimate, device: torch.device) -> tuple[bool, str]:
+    """Whether a step captured as a CUDA graph fits the GPU (its estimate, graphed=True, under
+    90 % of the card's memory), and if not why, for the log."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    if estimate.total_bytes > 0.9 * total:
+        return False, (f"not captured as a CUDA graph: its memory (about {estimate.total_bytes / GiB:.1f} GiB, "
+                       f"estimated) would pass 90 % of the GPU's {total / GiB:.1f} GiB")
+    return True, ""
+
+
 def memory_report(models: list[torch.nn.Module], sample: torch.Tensor, batch: int, micro_batch: int | None,
                   dtype: str, device: torch.device, data_bytes: int, fused_attention: bool | None = None,
-                  test_images: int | None = None) -> str:
+                  test_images: int | None = None, graphed: bool = False,
+                  estimate: MemoryEstimate | None = None) -> str:
     """The cell's memory estimate as one line for the log; on a GPU, whether it fits and which
-    STRUCTINIT_MICRO_BATCH would (where micro-batches are the same step)."""
+    STRUCTINIT_MICRO_BATCH would (where micro-batches are the same step). estimate: one the
+    caller made already with these arguments."""
     from structinit.training.step import why_not_splittable
 
-    estimate = estimate_training_memory(models, sample, batch=batch, micro_batch=micro_batch, dtype=dtype,
-                                        data_bytes=data_bytes, fused_attention=fused_attention,
-                                        test_images=test_images, device_type=device.type)
+    estimate = estimate or estimate_training_memory(
+        models, sample, batch=batch, micro_batch=micro_batch, dtype=dtype, data_bytes=data_bytes,
+        fused_attention=fused_attention, test_images=test_images, device_type=device.type, graphed=graphed)
     line = estimate.describe()
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory

@@ -15,6 +15,9 @@ how (1)-(2) run, and each variant is an argument:
   too big for the device's memory);
 - `ChunkedGradients` (CPU): the batch as single-threaded chunks on threads, gradients summed.
 
+- `StepGraph` (CUDA): the whole of (1)-(4) captured once as one CUDA graph and replayed each
+  step, where the host, not the GPU, sets a small stacked model's pace.
+
 Why chunks: on a CPU, PyTorch's intra-op threads fork and join inside every op, and a small
 ViT's ops (64 tokens, width 48) are short. Splitting each batch into one chunk per core, each
 forward/backward single-threaded on its own Python thread (torch ops release the GIL), keeps
@@ -56,14 +59,16 @@ class StepResult(NamedTuple):
 
 
 def train_step(stack: StackedModels, opt: torch.optim.Optimizer, gradients: "WholeBatchGradients | ChunkedGradients",
-               x: torch.Tensor, y: torch.Tensor, *, lr: float, max_norm: float, ctx: DistributedContext,
+               x: torch.Tensor, y: torch.Tensor, *, lr: float | None, max_norm: float, ctx: DistributedContext,
                meanwhile: Callable[[], object] | None = None) -> StepResult:
     """One step of every stacked model on its batch: x (N, B, ...), y (N, B). Nothing reads
     back to the host: the results stay on the device. meanwhile(): the caller's work while the
     gradients compute (the next batch), run between submitting the pieces and collecting them,
-    which on the CPU's chunks overlaps them."""
-    for group in opt.param_groups:
-        group["lr"] = lr
+    which on the CPU's chunks overlaps them. lr None: the optimizer's as it stands (StepGraph
+    fills the device tensor it holds)."""
+    if lr is not None:
+        for group in opt.param_groups:
+            group["lr"] = lr
     # (1)-(2) forward, loss and backward of every piece of the batch
     pending = gradients.submit(x, y)
     upcoming = meanwhile() if meanwhile is not None else None
@@ -108,9 +113,14 @@ class Objective:
     one is raised. Inductor keeps what it compiled on disk (its FX graph cache), so a second
     process of the same recipe pays far less."""
 
-    def __init__(self, stack: StackedModels, cfg: TrainConfig, device: torch.device, dtype: str):
+    def __init__(self, stack: StackedModels, cfg: TrainConfig, device: torch.device, dtype: str,
+                 graphed: bool = False):
+        """graphed: the step around this objective is captured whole (StepGraph): compiled in
+        default mode, whose kernels the step's graph holds (reduce-overhead's own graphs cannot
+        nest in it), and with autocast's cast cache off, as PyTorch's CUDA-graph notes ask of
+        autocast inside a capture."""
         self.loss = functools.partial(mean_cross_entropy, label_smoothing=cfg.label_smoothing)
-        self.context = functools.partial(autocast, device, dtype)
+        self.context = functools.partial(autocast, device, dtype, cache=not graphed)
         self.device = device
         self.compiled, self.how, self.host_bound = None, "", False
         self._calls, self._failed, self._trusted = 0, False, False   # trusted: the guarded calls all succeeded
@@ -123,7 +133,7 @@ class Objective:
         if torch.compile in _FAILED_COMPILERS:
             self.how = "eager (torch.compile failed earlier in this process)"
             return
-        self.host_bound = device.type == "cuda" and stack.way != "plain"
+        self.host_bound = device.type == "cuda" and stack.way != "plain" and not graphed
         mode = "reduce-overhead" if self.host_bound else None
         self._compiler = torch.compile
         self.compiled = self._compiler(stack.forward_and_loss, mode=mode)
@@ -323,3 +333,135 @@ class ChunkedGradients:
         set_grads(self.params, {k: functools.reduce(torch.add, [g[k] for g, _ in results])
                                 for k in self.params})
         return sum(s[0] for _, s in results), sum(s[1] for _, s in results)
+
+
+# ---- (1)-(4) as one CUDA graph ----------------------------------------------------------------
+
+# Eager steps before the capture: the objective's guarded calls (a compile, its checks, which
+# synchronize and so cannot run while capturing), AdamW's state (made at its first step), and
+# cuBLAS's workspace on the capturing stream. They are real steps of the run.
+WARMUP_STEPS = GUARDED_CALLS
+# A capture failed in this process: later cells (a cell's seeds one after another) do not try
+# again and warn again.
+_FAILED_CAPTURE = False
+
+
+def plan_step_graph(setting: str, way: str, device: torch.device, processes: int,
+                    micro_batch: int | None, batch: int) -> tuple[bool, str]:
+    """Whether the step is captured as one CUDA graph (StepGraph), and why (for the log).
+    setting: TrainConfig.cuda_graph; way: the stack's (StackedModels.way); processes: how many
+    share each step (torchrun); micro_batch, batch: images per model per pass and per step in
+    this process (plan_gradients's). auto: on CUDA, for a stack of models (the small models a
+    host sets the pace of; one plain model fills the card with its own work)."""
+    if setting == "off":
+        return False, "cuda_graph: off"
+    if _FAILED_CAPTURE:
+        return False, "capturing failed earlier in this process"
+    if device.type != "cuda":
+        return False, f"no CUDA graph on {device.type}"
+    if way == "plain":
+        return False, "one model: its kernels, not the host, set its pace"
+    if way == "by vmap":
+        return False, "the vmap way does not capture"
+    if processes > 1:
+        return False, "several processes: the gradients' collectives stay outside a graph"
+    if micro_batch is not None and micro_batch < batch:
+        return False, "micro-batches: the step is several passes"
+    return True, "the whole step as one CUDA graph"
+
+
+class StepGraph:
+    """train_step, captured once as one CUDA graph and replayed for every later step: a step
+    is then the batch and lr copied into the graph's input tensors and one launch, where eager
+    it is hundreds of kernel launches (forward, backward, clipping, AdamW), each costing the
+    host more time than a small stacked model's kernel costs the GPU.
+
+        step = StepGraph(stack, opt, gradients, max_norm=3.0, ctx=ctx, capture=True)
+        out = step(x, y, lr=lr, meanwhile=next_batch)        # a StepResult, as train_step's
+
+    The first WARMUP_STEPS steps run eager on the stream the capture then uses; the next one
+    is captured and replayed, and every later one replays. Each step's inputs and results are
+    the graph's own tensors (the results are overwritten by the next step: read or add them
+    before it). The lr lives in a device tensor the optimizer reads (AdamW with capturable on)
+    and is filled each step, so the schedule moves inside the graph.
+
+    capture=False: the same function runs eagerly every step, on the same tensors (the CPU,
+    the tests): the numbers the graph replays. A capture that fails warns once and the run
+    goes on eager with the step that failed re-run (a capture computes nothing), so no step is
+    lost. The optimizer must stay this one's (its lr is a tensor from here on)."""
+
+    def __init__(self, stack: StackedModels, opt: torch.optim.Optimizer, gradients: "WholeBatchGradients",
+                 *, max_norm: float, ctx: DistributedContext, capture: bool):
+        self.step = functools.partial(train_step, stack, opt, gradients, lr=None, max_norm=max_norm, ctx=ctx)
+        device = next(iter(stack.trainable().values())).device
+        # One lr tensor that every group reads, on the parameters' device (a host tensor would be
+        # copied inside the graph); float32, as fused AdamW takes it.
+        self.lr = torch.tensor(float(opt.param_groups[0]["lr"]), dtype=torch.float32, device=device)
+        for group in opt.param_groups:
+            group["lr"], group["capturable"] = self.lr, True
+        # AdamW warns once that a capturable optimizer stepping uncaptured is slower: the
+        # warm-up steps are, on purpose
+        opt._warned_capturable_if_run_uncaptured = True
+        self.capture, self.device = capture, device
+        self.x = self.y = self.out = self.graph = self.stream = None
+        self.steps, self.failed = 0, False
+        self.how = "the whole step captured as one CUDA graph" if capture else "the graph's step, eager"
+
+    def _inputs(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> None:
+        if self.x is None:
+            self.x, self.y = torch.empty_like(x), torch.empty_like(y)
+        elif x.shape != self.x.shape or y.shape != self.y.shape:
+            raise ValueError(f"a captured step takes one shape: batch {tuple(x.shape)}, {tuple(y.shape)} where it "
+                             f"was captured with {tuple(self.x.shape)}, {tuple(self.y.shape)}")
+        self.x.copy_(x)
+        self.y.copy_(y)
+        self.lr.fill_(lr)
+
+    def _eager(self) -> tuple:
+        out = self.step(self.x, self.y)
+        return out.loss_sum, out.correct, out.nonfinite
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, *, lr: float,
+                 meanwhile: Callable[[], object] | None = None) -> StepResult:
+        self._inputs(x, y, lr)
+        if self.graph is not None:
+            self.graph.replay()
+            out = self.out
+        elif not self.capture or self.failed:
+            out = self._eager()
+        elif self.steps < WARMUP_STEPS:
+            out = self._on_capture_stream(self._eager)
+        else:
+            out = self._capture()
+        self.steps += 1
+        return StepResult(*out, meanwhile() if meanwhile is not None else None)
+
+    def _on_capture_stream(self, fn: Callable[[], tuple]) -> tuple:
+        """fn() on the stream the capture uses, ordered after the work queued before it and
+        before the work queued after it (the caller's sums, the next batch)."""
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(self.device)
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            out = fn()
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        return out
+
+    def _capture(self) -> tuple:
+        graph = torch.cuda.CUDAGraph()
+        try:
+            def capture():
+                with torch.cuda.graph(graph, stream=self.stream):
+                    return self._eager()
+            out = self._on_capture_stream(capture)
+            graph.replay()                           # the captured step: capturing ran nothing
+            torch.cuda.synchronize(self.device)      # a failed replay surfaces here, not steps later
+        except Exception as e:                       # noqa: BLE001 (any capture failure: go on eager)
+            first = str(e).splitlines()[0][:200] if str(e) else ""
+            print(f"warning: capturing the step as a CUDA graph failed ({type(e).__name__}: {first}); "
+                  "training eager (cuda_graph: off in the recipe skips the attempt)")
+            global _FAILED_CAPTURE
+            self.failed = _FAILED_CAPTURE = True
+            return self._eager()
+        self.graph, self.out = graph, out
+        return out

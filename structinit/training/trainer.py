@@ -37,9 +37,9 @@ from structinit.training.common import (NonFiniteLossError, compute_dtype, defau
                                         schedule_steps)
 from structinit.training.config import TrainConfig
 from structinit.training.evaluation import evaluate_stack
-from structinit.training.memory import memory_report, plan_stacking
+from structinit.training.memory import estimate_training_memory, graph_fits, memory_report, plan_stacking
 from structinit.training.stacked import StackedModels
-from structinit.training.step import Objective, plan_gradients, train_step
+from structinit.training.step import Objective, StepGraph, plan_gradients, plan_step_graph, train_step
 
 
 def train_model(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
@@ -138,21 +138,31 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
     stack = StackedModels(models).to(device).train()
     attention = stack.choose_attention(device, dtype)
     opt = stacked_adamw(stack, [state for _, state in restored] if restored else [None] * len(models), cfg, device)
-    objective = Objective(stack, cfg, device, dtype)
-    gradients, how = plan_gradients(cfg.cpu_chunks, stack, device, batch_size // ctx.world_size, objective,
-                                    micro_batch=micro_batch)
+    per_process = batch_size // ctx.world_size
+    graphed, graph_why = plan_step_graph(cfg.cuda_graph, stack.way, device, ctx.world_size, micro_batch, per_process)
+    fused = next((m.fused_attn for m in stack.base.modules() if hasattr(m, "fused_attn")), None)
+    memory = dict(sample=augmentation.normalize(train_x[:8]), batch=per_process, micro_batch=micro_batch, dtype=dtype,
+                  data_bytes=train_x.nbytes + test_x.nbytes, fused_attention=fused, test_images=len(test_y))
+    estimate = None
+    if graphed:          # the graph keeps the training pass's memory beside the evaluation's
+        estimate = estimate_training_memory(models, **memory, device_type=device.type, graphed=True)
+        graphed, why_not = graph_fits(estimate, device)
+        graph_why, estimate = (graph_why, estimate) if graphed else (why_not, None)
+    objective = Objective(stack, cfg, device, dtype, graphed=graphed)
+    gradients, how = plan_gradients(cfg.cpu_chunks, stack, device, per_process, objective, micro_batch=micro_batch)
+    max_norm = cfg.grad_clip or math.inf
+    step = (StepGraph(stack, opt, gradients, max_norm=max_norm, ctx=ctx, capture=True) if graphed
+            else functools.partial(train_step, stack, opt, gradients, max_norm=max_norm, ctx=ctx))
     if show:
         note = precision_note(cfg, device, dtype)
         where = f"{device} x {ctx.world_size} processes" if ctx.enabled else device
         way = "timm's own module" if stack.way == "plain" else f"stacked ({stack.way})"
         print(f"training {len(models)} model(s) {way} on {where} in {dtype}, "
               f"epochs {start + 1}-{cfg.epochs}: {how}" + (f", {objective.how}" if objective.how else "")
-              + f" per step, {attention}" + (f" ({note})" if note else "")
+              + f" per step, {attention}" + (f", {graph_why}" if device.type == "cuda" else "")
+              + (f" ({note})" if note else "")
               + (f"; {why}" if device.type == "cuda" and len(models) > 1 else ""))
-        fused = next((m.fused_attn for m in stack.base.modules() if hasattr(m, "fused_attn")), None)
-        print(memory_report(models, augmentation.normalize(train_x[:8]), batch_size // ctx.world_size, micro_batch,
-                            dtype, device, data_bytes=train_x.nbytes + test_x.nbytes, fused_attention=fused,
-                            test_images=len(test_y)))
+        print(memory_report(models, device=device, graphed=graphed, estimate=estimate, **memory))
 
     # ---- the epochs: train, evaluate when due, log, checkpoint, report ----
     last_write = time.monotonic()
@@ -160,8 +170,7 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
         for epoch in range(start, cfg.epochs):
             gens = [epoch_generator(seed, epoch, device) for seed in seeds]
             batches = EpochBatches(train_x, train_y, augmentation, gens, batch_size, ctx)
-            per_model = train_epoch(stack, opt, gradients, batches, seeds, epoch, cfg=cfg, device=device,
-                                    ctx=ctx, progress=show)
+            per_model = train_epoch(step, batches, seeds, epoch, cfg=cfg, device=device, ctx=ctx, progress=show)
             if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
                 t = time.perf_counter()
                 with gradients.all_threads():
@@ -232,14 +241,12 @@ def _one_of(checkpoint_path, i: int):
     return path.with_name(f"{path.stem}-model{i}{path.suffix}")
 
 
-def train_epoch(stack: StackedModels, opt: torch.optim.Optimizer, gradients, batches: EpochBatches,
-                seeds: list[int], epoch: int, *, cfg: TrainConfig, device: torch.device,
-                ctx: DistributedContext, progress: bool) -> list[dict]:
+def train_epoch(step: Callable, batches: EpochBatches, seeds: list[int], epoch: int, *, cfg: TrainConfig,
+                device: torch.device, ctx: DistributedContext, progress: bool) -> list[dict]:
     """One pass of every stacked model over its (shuffled) training set; each model's metrics.
     No host sync until its end (epoch_steps runs on the device, its sums are read once after)."""
     t0 = time.perf_counter()
-    sums = epoch_steps(stack, opt, gradients, batches, seeds, epoch, cfg=cfg, device=device, ctx=ctx,
-                       progress=progress)
+    sums = epoch_steps(step, batches, seeds, epoch, cfg=cfg, device=device, progress=progress)
     _stop_if_nonfinite(sums["first_bad_step"], seeds, epoch, batches.steps_per_epoch)
     loss_sum, correct = sums["loss_sum"], sums["correct"]
     if ctx.enabled:
@@ -247,7 +254,7 @@ def train_epoch(stack: StackedModels, opt: torch.optim.Optimizer, gradients, bat
     if device.type == "cuda":
         torch.cuda.synchronize()                      # so train_seconds is the real time
     seen = batches.steps_per_epoch * batches.batch_size
-    lr = opt.param_groups[0]["lr"]
+    lr = sums["lr"]
     train_seconds = time.perf_counter() - t0
     return [{"epoch": epoch + 1, "lr": lr, "train_loss": loss / seen, "train_acc": c / seen,
              "seconds": train_seconds, "train_seconds": train_seconds,
@@ -255,35 +262,35 @@ def train_epoch(stack: StackedModels, opt: torch.optim.Optimizer, gradients, bat
             for loss, c in zip(loss_sum.tolist(), correct.tolist())]
 
 
-def epoch_steps(stack: StackedModels, opt: torch.optim.Optimizer, gradients, batches: EpochBatches,
-                seeds: list[int], epoch: int, *, cfg: TrainConfig, device: torch.device,
-                ctx: DistributedContext, progress: bool) -> dict[str, torch.Tensor]:
-    """The device work of an epoch (or of its first batches.steps steps): every step of
-    train_step. Returns per-model sums on the device (loss_sum, correct, first_bad_step: -1
-    or the first step whose loss or gradient was not finite), read by the caller after the
-    loop: on a GPU a read inside it would be a host sync per step."""
-    n_steps = batches.steps_per_epoch
+def epoch_steps(step: Callable, batches: EpochBatches, seeds: list[int], epoch: int, *, cfg: TrainConfig,
+                device: torch.device, progress: bool) -> dict:
+    """The device work of an epoch (or of its first batches.steps steps): every step, each
+    step(x, y, lr=..., meanwhile=...) -> step.StepResult (train_step with the run's stack,
+    optimizer and gradients, or its StepGraph). Returns per-model sums on the device
+    (loss_sum, correct, first_bad_step: -1 or the first step whose loss or gradient was not
+    finite), read by the caller after the loop: on a GPU a read inside it would be a host sync
+    per step; and lr, the last step's (a float)."""
+    n_steps, n = batches.steps_per_epoch, len(seeds)
     total_steps, warmup_steps = schedule_steps(cfg, n_steps)
-    loss_sum = torch.zeros(stack.n, device=device)
-    correct = torch.zeros(stack.n, device=device, dtype=torch.long)
-    first_bad_step = torch.full((stack.n,), -1, device=device, dtype=torch.long)  # per model
+    loss_sum = torch.zeros(n, device=device)
+    correct = torch.zeros(n, device=device, dtype=torch.long)
+    first_bad_step = torch.full((n,), -1, device=device, dtype=torch.long)  # per model
     # A NaN/inf loss ends the cell. On CPU a check per step costs nothing (and stops a
     # diverged run at once); on a GPU it would be a host sync per step, so there the
     # device-side record is read at the end of the epoch (train_epoch).
     check_each_step = device.type == "cpu"
-    upcoming = batches.batch(0)
+    upcoming, lr = batches.batch(0), None
     for i in tqdm(range(len(batches)), desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not progress, leave=False,
                   mininterval=1.0):
         lr = lr_at(epoch * n_steps + i, total_steps, warmup_steps, cfg)
-        out = train_step(stack, opt, gradients, *upcoming, lr=lr, max_norm=cfg.grad_clip or math.inf, ctx=ctx,
-                         meanwhile=functools.partial(batches.batch, i + 1))   # the next batch, while it computes
+        out = step(*upcoming, lr=lr, meanwhile=functools.partial(batches.batch, i + 1))  # the next batch, meanwhile
         upcoming = out.meanwhile
         first_bad_step = torch.where((first_bad_step < 0) & out.nonfinite, i, first_bad_step)
         if check_each_step:
             _stop_if_nonfinite(first_bad_step, seeds, epoch, n_steps)
         loss_sum += out.loss_sum
         correct += out.correct
-    return {"loss_sum": loss_sum, "correct": correct, "first_bad_step": first_bad_step}
+    return {"loss_sum": loss_sum, "correct": correct, "first_bad_step": first_bad_step, "lr": lr}
 
 
 def _stop_if_nonfinite(first_bad_step: torch.Tensor, seeds: list[int], epoch: int, n_steps: int) -> None:
