@@ -52,6 +52,7 @@ def main():
     out = a.out
     with scratch.Scratch("regime", keep=a.keep) as s:
         repo = scratch.copy_working_tree(s.repo, with_outputs=("dvc.lock", *ev.OUTPUTS))   # the main grid, up to date
+        scratch.evidence_frozen(repo)                 # this stage, unfrozen here to run it, frozen there
         copied = dict(load_params(repo / "params.yaml"))      # the one loader; a plain dict to write back
         copied["studies"]["regime"]["datasets"] = [a.dataset]
         (repo / "params.yaml").write_text(yaml.safe_dump(copied, sort_keys=False))

@@ -48,6 +48,7 @@ def main():
     kept = a.out / "runs/train"
     with scratch.Scratch("replication", keep=a.keep) as s:
         repo = scratch.copy_working_tree(s.repo, with_outputs=("dvc.lock", "data/prepared"))   # no second download
+        scratch.evidence_frozen(repo)                 # this stage, unfrozen here to run it, frozen there
         copied = dict(load_params(repo / "params.yaml"))      # the one loader; a plain dict to write back
         copied["grid"]["seeds"] = new
         copied["grid"]["gpu_datasets"] = []            # a GPU's frozen cells are at grid.seeds only
