@@ -347,3 +347,16 @@ def test_the_trainer_trains_through_the_graphs_step_and_resumes_where_it_was_cut
     for a, b in zip(whole, resumed):
         for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
             assert torch.equal(p, q), name
+
+
+def test_a_graph_whose_memory_would_pass_the_gpus_share_is_not_captured(monkeypatch):
+    from structinit.training.memory import GPU_SHARE, MemoryEstimate, graph_fits
+
+    card = type("Properties", (), {"total_memory": 100 * 2 ** 30})
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: card)
+    fits = MemoryEstimate(state_bytes=0, activation_bytes=int(GPU_SHARE * 100 * 2 ** 30), data_bytes=0,
+                          images_per_pass=1, models=2)
+    assert graph_fits(fits, CUDA) == (True, "")
+    over = dataclasses.replace(fits, data_bytes=1)
+    assert graph_fits(over, CUDA) == (False, "not captured as a CUDA graph: its memory (about 90.0 GiB, estimated) "
+                                             "would pass 90 % of the GPU's 100.0 GiB")

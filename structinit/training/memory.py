@@ -49,6 +49,9 @@ CUDA_WORKSPACE_BYTES = 2 * 32 * 2 ** 20   # cuBLAS + cuBLASLt workspaces at the 
 # augmentation's temporaries. Without it the estimate falls just short of the measured peak;
 # 10 % keeps it near the middle of the 1.00-1.25x band tests/test_memory.py holds on a GPU.
 TRANSIENT_MARGIN = 0.10
+# The share of a GPU's memory an estimate may take (the stacking plan, the graph's check, the
+# log's warning): the rest is for what no estimate sees (the CUDA context, fragmentation).
+GPU_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -298,9 +301,9 @@ def plan_stacking(models: list[torch.nn.Module], data, cfg, device: torch.device
     estimate = estimate_training_memory(models, data.train_images[:1], batch=batch, micro_batch=micro_batch,
                                         dtype=dtype, data_bytes=n_train * per_image + data.test_images.nbytes,
                                         test_images=len(data.test_labels), device_type="cuda")
-    if estimate.total_bytes > 0.9 * total:
+    if estimate.total_bytes > GPU_SHARE * total:
         return False, (f"the stack of {len(models)} needs about {estimate.total_bytes / 2 ** 30:.1f} GiB (estimated), "
-                       f"more than 90 % of the GPU's {total / 2 ** 30:.1f} GiB")
+                       f"more than {GPU_SHARE * 100:.0f} % of the GPU's {total / 2 ** 30:.1f} GiB")
     return True, f"one model's step is {flops / 1e9:.0f} GFLOP: the host sets the pace, so the seeds stack"
 
 
@@ -308,9 +311,9 @@ def graph_fits(estimate: MemoryEstimate, device: torch.device) -> tuple[bool, st
     """Whether a step captured as a CUDA graph fits the GPU (its estimate, graphed=True, under
     90 % of the card's memory), and if not why, for the log."""
     total = torch.cuda.get_device_properties(device).total_memory
-    if estimate.total_bytes > 0.9 * total:
+    if estimate.total_bytes > GPU_SHARE * total:
         return False, (f"not captured as a CUDA graph: its memory (about {estimate.total_bytes / GiB:.1f} GiB, "
-                       f"estimated) would pass 90 % of the GPU's {total / GiB:.1f} GiB")
+                       f"estimated) would pass {GPU_SHARE * 100:.0f} % of the GPU's {total / GiB:.1f} GiB")
     return True, ""
 
 
@@ -330,7 +333,7 @@ def memory_report(models: list[torch.nn.Module], sample: torch.Tensor, batch: in
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         line += f"; the GPU has {total / 2 ** 30:.1f} GiB"
-        if estimate.total_bytes > 0.9 * total:
+        if estimate.total_bytes > GPU_SHARE * total:
             fit = None if why_not_splittable(models[0]) else estimate.micro_batch_to_fit(int(0.8 * total))
             line += (f": it may not fit; try STRUCTINIT_MICRO_BATCH={fit} (the same step, in pieces)" if fit
                      else ": it may not fit, and micro-batches cannot help (one image per pass is too much, or the "

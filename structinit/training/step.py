@@ -394,8 +394,8 @@ class StepGraph:
                  *, max_norm: float, ctx: DistributedContext, capture: bool):
         self.step = functools.partial(train_step, stack, opt, gradients, lr=None, max_norm=max_norm, ctx=ctx)
         device = next(iter(stack.trainable().values())).device
-        # One lr tensor that every group reads, on the parameters' device (a host tensor would be
-        # copied inside the graph); float32, as fused AdamW takes it.
+        # One lr tensor that every group reads, on the parameters' device (fused AdamW reads a
+        # host tensor's value on the host: a capture would bake it in); float32, as the kernel takes it.
         self.lr = torch.tensor(float(opt.param_groups[0]["lr"]), dtype=torch.float32, device=device)
         for group in opt.param_groups:
             group["lr"], group["capturable"] = self.lr, True
@@ -405,7 +405,6 @@ class StepGraph:
         self.capture, self.device = capture, device
         self.x = self.y = self.out = self.graph = self.stream = None
         self.steps, self.failed = 0, False
-        self.how = "the whole step captured as one CUDA graph" if capture else "the graph's step, eager"
 
     def _inputs(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> None:
         if self.x is None:

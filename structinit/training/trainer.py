@@ -146,8 +146,9 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
     estimate = None
     if graphed:          # the graph keeps the training pass's memory beside the evaluation's
         estimate = estimate_training_memory(models, **memory, device_type=device.type, graphed=True)
-        graphed, why_not = graph_fits(estimate, device)
-        graph_why, estimate = (graph_why, estimate) if graphed else (why_not, None)
+        fits, why_not = graph_fits(estimate, device)
+        if not fits:     # trained uncaptured (the log's estimate is then the uncaptured step's)
+            graphed, graph_why, estimate = False, why_not, None
     objective = Objective(stack, cfg, device, dtype, graphed=graphed)
     gradients, how = plan_gradients(cfg.cpu_chunks, stack, device, per_process, objective, micro_batch=micro_batch)
     max_norm = cfg.grad_clip or math.inf
