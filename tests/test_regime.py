@@ -103,3 +103,21 @@ def test_the_figure_puts_each_arm_at_its_mean_mass_with_its_mean_accuracy():
     assert [round(c.lines[0].get_ydata()[0], 6) for c in speed.containers] == [42.0, 82.0]
     assert final.get_xscale() == "log" and "epoch 20" in speed.get_ylabel()
     assert [t.get_text() for t in speed.get_legend().get_texts()] == ["TRUNC_NORMAL (n = 3)", "IMP3_M060 (n = 3)"]
+
+
+def test_a_stale_main_grid_is_named_not_a_traceback():
+    """The plan check names every main-grid stage DVC would run first, also where the dry run
+    stops at one (seen at 52cc71d: the training stages' code had changed, so download would run
+    and the first cell's data did not exist in the copy); the study's own stages are not named."""
+    from structinit.evidence.regime import other_stages
+
+    stopped_at_a_cell = ("Running stage 'check_params':\nRunning stage 'download@digits':\n"
+                         "Running stage 'preoptimize@digits-3':\n"
+                         "ERROR: failed to reproduce 'train_baseline@digits-kaiming_uniform': [Errno 2] No such file\n")
+    assert other_stages(stopped_at_a_cell, 255) == ["download@digits", "preoptimize@digits-3",
+                                                    "train_baseline@digits-kaiming_uniform"]
+    stopped_at_its_own = "Running stage 'study_regime_reused@x':\nERROR: failed to reproduce 'analyze_regime@x': y\n"
+    assert other_stages(stopped_at_its_own, 255) == []
+    assert other_stages("Running stage 'train_impulse@digits-3':\n", 0) == ["train_impulse@digits-3"]
+    with pytest.raises(RuntimeError, match="failed in the copy"):
+        other_stages("ERROR: unexpected error - dvc.yaml is broken\n", 255)

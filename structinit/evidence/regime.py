@@ -23,11 +23,13 @@ def other_stages(plan_output: str, returncode: int) -> list[str]:
     stages (the main grid is then not up to date with this code). A dry run stops at the first
     stage whose inputs an earlier stage would write (an analysis of cells not trained yet): that
     is one of the study's own, and every main-grid stage upstream of it has been judged by
-    then. RuntimeError when the dry run failed otherwise."""
+    then; where it stops at a main-grid stage (a stale download leaves the data a cell reads
+    unwritten), that stage would run too. RuntimeError when the dry run failed otherwise."""
     failed = FAILED_STAGE.search(plan_output)
-    if returncode and not (failed and failed[1].startswith(OWN_STAGES)):
+    if returncode and not failed:
         raise RuntimeError(f"dvc repro --dry regime_report failed in the copy:\n{plan_output[-4000:]}")
-    return [s for s in STAGE.findall(plan_output) if not s.startswith(OWN_STAGES)]
+    planned = STAGE.findall(plan_output) + ([failed[1]] if failed else [])
+    return [s for s in dict.fromkeys(planned) if not s.startswith(OWN_STAGES)]
 
 
 def fixed_at(params: dict, repo: Path) -> str:
