@@ -61,9 +61,8 @@ def main():
         plan: list[str] = []
         code = scratch.run_dvc(repo, "repro", "--dry", "--allow-missing", "regime_report", env=env,
                                on_line=plan.append)
-        if other := ev.other_stages("\n".join(plan), code):
-            raise SystemExit(f"the regime study reuses the main grid's cells, but here DVC would first run {other}: "
-                             "the main grid is not up to date with this code; run it first (./run.sh repro)")
+        if why := ev.stale_main_grid("\n".join(plan), code):
+            raise SystemExit(why)
         if scratch.run_dvc(repo, "repro", "--allow-missing", "regime_report", env=env, on_line=echo):
             raise SystemExit("dvc repro regime_report failed in the scratch copy (its output is above)")
         figure = out / "regime.png"

@@ -121,3 +121,17 @@ def test_a_stale_main_grid_is_named_not_a_traceback():
     assert other_stages("Running stage 'train_impulse@digits-3':\n", 0) == ["train_impulse@digits-3"]
     with pytest.raises(RuntimeError, match="failed in the copy"):
         other_stages("ERROR: unexpected error - dvc.yaml is broken\n", 255)
+
+
+def test_the_refusal_keeps_dvc_s_error():
+    """The stage's message on a stale main grid names the stages and keeps DVC's error line
+    (where the dry run stopped at a main-grid stage); an up-to-date grid gives no message."""
+    from structinit.evidence.regime import stale_main_grid
+
+    stopped = ("Running stage 'download@digits':\n"
+               "ERROR: failed to reproduce 'train_baseline@digits-mimetic': [Errno 2] No such file: 'data/x'\n")
+    why = stale_main_grid(stopped, 255)
+    assert "['download@digits', 'train_baseline@digits-mimetic']" in why and "./run.sh repro" in why
+    assert why.endswith("ERROR: failed to reproduce 'train_baseline@digits-mimetic': [Errno 2] No such file: 'data/x'")
+    assert "dry run stopped" not in stale_main_grid("Running stage 'train_impulse@digits-3':\n", 0)
+    assert stale_main_grid("Running stage 'study_regime@x':\n", 0) is None

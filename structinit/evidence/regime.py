@@ -32,6 +32,19 @@ def other_stages(plan_output: str, returncode: int) -> list[str]:
     return [s for s in dict.fromkeys(planned) if not s.startswith(OWN_STAGES)]
 
 
+def stale_main_grid(plan_output: str, returncode: int) -> str | None:
+    """Why the study cannot run on this workspace's main grid (None when it can): the main-grid
+    stages DVC would run first, and where its dry run stopped at one, DVC's own error line, so
+    the cause is not lost."""
+    other = other_stages(plan_output, returncode)
+    if not other:
+        return None
+    errors = [line.strip() for line in plan_output.splitlines() if line.lstrip().startswith("ERROR")]
+    return (f"the regime study reuses the main grid's cells, but here DVC would first run {other}: the main "
+            "grid is not up to date with this code; run it first (./run.sh repro)"
+            + (f"\nDVC's dry run stopped at a main-grid stage: {errors[-1]}" if errors else ""))
+
+
 def fixed_at(params: dict, repo: Path) -> str:
     """Since which commit params.yaml has held this primary contrast (git's record, so that
     "fixed before the results" is checked, not asserted)."""
