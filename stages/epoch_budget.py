@@ -11,15 +11,24 @@ read (structinit.evidence: the reports quote the verdict only while those cells 
 The evidence itself is structinit/evidence/epoch_budget.py's; --report-only trains nothing:
 it takes the cells' budget from --cells into epochs.csv again and rewrites the markdown from
 the CSVs (the record is left as it is).
+
+An interrupted run loses no finished epoch: each stacked run keeps its checkpoint under
+.ckpt/evidence/epoch_budget/ (outside DVC's outputs, which DVC deletes before a stage runs;
+STRUCTINIT_CKPT_DIR moves it), and the same command resumes there, reading back the runs that
+had finished. STRUCTINIT_RESTART=1 discards them first. The folder goes once the results are
+written.
 """
 import argparse
+import os
+import shutil
 import time
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from stages.common import run_stage, write_json, write_text
+from stages.common import (RESTART_VAR, requested_checkpoint_seconds, restart_requested, run_stage, write_json,
+                           write_text)
 from structinit import prepare_dataset
 from structinit.evidence import RECORD, inputs_record
 from structinit.evidence import epoch_budget as ev
@@ -77,12 +86,20 @@ def main():
     record = inputs_record("epoch_budget", [str(a.cells / cell_names.main_cell("digits", i)) for i in a.inits])
     data = prepare_dataset("digits")
     rec = params["recipes"]["digits"]
+    every_s = requested_checkpoint_seconds()
+    ckpt = Path(os.environ.get("STRUCTINIT_CKPT_DIR", ".ckpt")) / "evidence" / "epoch_budget"
+    if restart_requested() and ckpt.exists():
+        shutil.rmtree(ckpt)
+        print(f"{RESTART_VAR}=1: discarded {ckpt}; every budget trains from its first epoch")
+    elif ckpt.exists():
+        print(f"resuming from {ckpt} where a run there matches this one (recipe, seeds, inits, code)")
 
     def train(budget_list, inits):
         frames = []
         for b in sorted(budget_list):
             t0 = time.perf_counter()
-            frames.append(ev.run_budget(data, rec, inits, seeds, b, False, here))
+            frames.append(ev.run_budget(data, rec, inits, seeds, b, False, here, checkpoint_dir=ckpt,
+                                        checkpoint_every_s=every_s))
             final = budget_finals(frames[-1])
             print(f"{b} epochs ({time.perf_counter() - t0:.0f} s): " + ", ".join(
                 f"{init_label(i)} {g.test_acc.mean():.2f}" for i, g in final.groupby("init", sort=False)), flush=True)
@@ -102,6 +119,7 @@ def main():
         write_text(out / f"{name}.md", text)
         print(text)
     write_json(out / RECORD, record)
+    shutil.rmtree(ckpt, ignore_errors=True)      # every result is written: nothing left to resume
 
 
 if __name__ == "__main__":

@@ -171,6 +171,53 @@ def test_a_budget_runs_each_arm_s_seeds_stacked_as_the_pipeline_s_cells(digits):
         run_budget(digits, rec, ["trunc_normal"], [0], 1, False, "cpu", "seed")
 
 
+
+def test_a_budget_cut_short_resumes_and_reads_back_what_finished(digits, tmp_path, monkeypatch):
+    """With a checkpoint folder, a budget killed in its second arm's run resumes: the first arm's
+    finished run is read back (no step trained again), the second trains, and the rows are those
+    of a run never interrupted (and of one without checkpoints)."""
+    import structinit.evidence.epoch_budget as bench
+    import structinit.training.trainer as trainer
+
+    rec = {"model": {"patch_size": 2, "embed_dim": 16, "depth": 1, "num_heads": 2},
+           "train": {"batch_size": 64, "lr": 1e-3, "weight_decay": 0.01, "adam_eps": 1e-3, "grad_clip": 3.0,
+                     "label_smoothing": 0.1, "randaugment": None, "hflip": False, "amp": "off"}}
+    arms, seeds, ckpt = ["trunc_normal", "impulse3"], [0, 1], tmp_path / "ckpt"
+    plain = bench.run_budget(digits, rec, arms, seeds, 2, False, "cpu", eval_every=1)
+
+    real = bench.train_models
+    runs = []
+
+    def killed_in_the_second_run(models, *a, **k):
+        runs.append(k["checkpoint_path"])
+        if len(runs) == 2:
+            raise KeyboardInterrupt
+        return real(models, *a, **k)
+
+    monkeypatch.setattr(bench, "train_models", killed_in_the_second_run)
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_budget(digits, rec, arms, seeds, 2, False, "cpu", eval_every=1, checkpoint_dir=ckpt)
+    assert runs == [ckpt / "2-trunc_normal" / "checkpoint.pt", ckpt / "2-impulse3" / "checkpoint.pt"]
+    assert runs[0].exists() and not runs[1].exists()
+    monkeypatch.setattr(bench, "train_models", real)
+
+    steps = []
+    real_step = trainer.train_step
+    monkeypatch.setattr(trainer, "train_step", lambda *a, **k: steps.append(1) or real_step(*a, **k))
+    resumed = bench.run_budget(digits, rec, arms, seeds, 2, False, "cpu", eval_every=1, checkpoint_dir=ckpt)
+    assert runs[1].exists()
+    pd.testing.assert_frame_equal(resumed, plain)
+    # the second run alone trained: the steps of one stacked run of 2 epochs, none of the first's
+    resumed_steps = len(steps)
+    steps.clear()
+    bench.run_budget(digits, rec, arms[1:], seeds, 2, False, "cpu", eval_every=1)
+    assert resumed_steps == len(steps) > 0
+    # another code (or init, or recipe) is not resumed: the first arm trains afresh
+    monkeypatch.setattr(bench, "code_fingerprint", lambda: "another")
+    steps.clear()
+    bench.run_budget(digits, rec, arms[:1], seeds, 2, False, "cpu", eval_every=1, checkpoint_dir=ckpt)
+    assert len(steps) == resumed_steps
+
 def _cells(root, runs: dict, epochs: int = 160, every: int = 5, cpu: str = "AMD"):
     """A pipeline's results/train: runs (init, seed) -> final accuracy (%); each run's dvclive
     curves evaluated every `every` epochs, the test accuracy rising 0.01 per epoch to its final."""

@@ -36,6 +36,7 @@ from structinit.reporting.budget import budget_finals, converged_budget, doublin
 from structinit.reporting.curves import read_run
 from structinit.reporting import stats
 from structinit.reporting.presentation import init_label
+from structinit.training.checkpoint import code_fingerprint
 from structinit.training.common import compute_dtype, default_device
 
 ARMS = ["kaiming_uniform", "trunc_normal", "mimetic", "mimetic_qk", "impulse3", "impulse5"]
@@ -51,14 +52,19 @@ def budget_config(train: dict, epochs: int, warmup_prefix: bool) -> dict:
 
 def run_budget(data, rec: dict, arms: list[str], seeds: list[int], epochs: int, warmup_prefix: bool,
                cpu: str = "", stacking: str = "cell", dataset: str = "digits", eval_every: int = 10,
-               device=None) -> pd.DataFrame:
+               device=None, checkpoint_dir: Path | None = None, checkpoint_every_s: float = 0.0) -> pd.DataFrame:
     """Every (arm, seed) at one budget: one row per evaluated epoch, each naming the machine it
     ran on (`cpu`, since budgets added later may run on another CPU), the dtype it computed in
     and how it was stacked. stacking "cell": each arm's seeds trained stacked together, one run
     per arm, as the pipeline's cells are (its stacked models run the same batched kernels);
     "all": every arm and seed in one run (how budgets 40-160 were first run: 18 models).
     `test_acc` is accuracy on data's test split (a validation split where the budget is chosen
-    on one: tools/fashion_mnist.py)."""
+    on one: tools/fashion_mnist.py).
+    checkpoint_dir: each stacked run keeps its checkpoint in a folder of its own here
+    (<budget>-<arm>, or <budget>-all), as a pipeline cell does, so a run cut short resumes from
+    its last written epoch and a finished one is read back, not trained again (the same bytes:
+    the trainer's resume); it resumes only the same recipe, seeds, inits and code. The caller
+    removes the folder once its results are written."""
     if stacking not in STACKINGS:
         raise ValueError(f"stacking={stacking!r}; choose one of {STACKINGS}")
     train = dict(budget_config(rec["train"], epochs, warmup_prefix), eval_every=eval_every)
@@ -73,7 +79,14 @@ def run_budget(data, rec: dict, arms: list[str], seeds: list[int], epochs: int, 
             initialize(models[-1], method, seed=seed, **({"kernel": kernel} if kernel else {}))
         cfgs = [TrainConfig(**train, seed=seed) for _, seed in pairs]
         dtype = compute_dtype(cfgs[0], device or default_device(), models[0])
-        hists = train_models(models, data, cfgs, progress=False, device=device)
+        where = {}
+        if checkpoint_dir is not None:      # the init and the code: what the recipe's config does not say
+            name = f"{epochs}-{pairs[0][0] if stacking == 'cell' else 'all'}"
+            code = code_fingerprint()       # once the models are built: their initializers' files are loaded
+            where = {"checkpoint_path": Path(checkpoint_dir) / name / "checkpoint.pt",
+                     "fingerprints": [{"dataset": dataset, "init": arm, "code": code} for arm, _ in pairs],
+                     "checkpoint_every_s": checkpoint_every_s}
+        hists = train_models(models, data, cfgs, progress=False, device=device, **where)
         rows += [{"dataset": dataset, "init": arm, "budget": epochs, "seed": seed, "epoch": h["epoch"],
                   "test_acc": round(100 * h["test_acc"], 3), "test_loss": h["test_loss"], "cpu": cpu, "dtype": dtype,
                   "stacking": stacking, "source": "benchmark"}
