@@ -149,7 +149,7 @@ def generate(read) -> str:
 def _reader(root: Path, committed: bool):
     """Read a source as HEAD has it when `committed` (and HEAD has it), else the workspace's."""
     def read(path: str) -> str:
-        if committed and (text := readme._committed(root, path)) is not None:
+        if committed and (text := readme.committed_text(root, path)) is not None:
             return text
         return (root / path).read_text()
     return read
@@ -162,7 +162,7 @@ def stale(root: Path = REPO) -> list[str]:
     workspace's."""
     path = root / OUT
     text = path.read_text() if path.exists() else ""
-    committed = readme._committed(root, OUT) == text
+    committed = readme.committed_text(root, OUT) == text
     return [] if text == generate(_reader(root, committed)) else [OUT]
 
 

@@ -54,7 +54,7 @@ def _workspace_reader(root: Path):
     return read
 
 
-def _committed(root: Path, path: str) -> str | None:
+def committed_text(root: Path, path: str) -> str | None:
     """`path` as HEAD has it (None outside git, or where HEAD lacks it)."""
     r = subprocess.run(["git", "show", f"HEAD:{path}"], cwd=root, capture_output=True, text=True)
     return r.stdout if r.returncode == 0 else None
@@ -67,7 +67,7 @@ def stale_blocks(root: Path, committed: bool = True) -> list[str]:
     workspace = _workspace_reader(root)
 
     def as_committed(path: str) -> str:
-        head = _committed(root, path)
+        head = committed_text(root, path)
         return head if head is not None else workspace(path)
 
     out = []
@@ -75,7 +75,7 @@ def stale_blocks(root: Path, committed: bool = True) -> list[str]:
         path = root / page
         if path.exists():
             text = path.read_text()
-            read = as_committed if committed and _committed(root, page) == text else workspace
+            read = as_committed if committed and committed_text(root, page) == text else workspace
             fresh = includes(refreshed(text, root, read))
             out += [f"{page}: {p}" for (p, body), (_, new) in zip(includes(text), fresh) if body != new]
     return out
