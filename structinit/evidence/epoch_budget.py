@@ -32,7 +32,7 @@ from tabulate import tabulate
 from structinit import TrainConfig, initialize, train_models
 from structinit.pipeline.build import build_model
 from structinit.pipeline.cells import main_cell, parse_init
-from structinit.reporting.budget import budget_finals, converged_budget, doubling_moves
+from structinit.reporting.budget import MOVE_DECIMALS, budget_finals, converged_budget, doubling_moves
 from structinit.reporting.curves import read_run
 from structinit.reporting import stats
 from structinit.reporting.presentation import init_label
@@ -111,20 +111,29 @@ def primary_by_budget(final: pd.DataFrame, a: str, b: str) -> list[list]:
 
 
 def beyond_tolerance(final: pd.DataFrame, tolerance: float) -> str:
-    """Each move beyond the tolerance, paired by seed (an arm at one seed starts from the same
-    model at every budget): mean and 95 % interval, so a reader sees whether the move is larger
-    than the seeds' noise. The criterion itself judges the mean alone, as fixed."""
+    """Each move at or beyond the tolerance, paired by seed (an arm at one seed starts from the
+    same model at every budget): mean and 95 % interval, so a reader sees whether the move is
+    larger than the seeds' noise, a move of exactly the tolerance (which passes) included. The
+    criterion itself judges the mean alone, as fixed."""
     lines = []
     for b, moves in doubling_moves(final).items():
         for arm, m in moves.items():
-            if abs(m) <= tolerance:
+            if abs(m) < tolerance:
                 continue
             at = {x: dict(zip(g.seed, g.test_acc)) for x, g in final[final.init == arm].groupby("budget")}
             d = stats.paired_difference(at[2 * b], at[b])
             lines.append(f"- {init_label(arm)}, {b} → {2 * b}: {d.diff:+.2f} points "
                          f"[{d.ci_low:+.2f}, {d.ci_high:+.2f}], n = {d.n} seeds, p = {d.p:.2g}")
-    return ("\nThe moves beyond the tolerance, paired by seed (mean, 95 % interval, paired t; the criterion "
+    return ("\nThe moves at or beyond the tolerance, paired by seed (mean, 95 % interval, paired t; the criterion "
             "judges the mean alone):\n\n" + "\n".join(lines) + "\n") if lines else ""
+
+
+def at_edge(final: pd.DataFrame, budget: int, tolerance: float) -> str:
+    """"; Trunc Normal's +1.00 is the tolerance itself": said where a budget passes on the edge."""
+    moves = doubling_moves(final)[budget]
+    edge = [i for i, m in moves.items() if abs(m) == tolerance]
+    return ("; " + ", ".join(f"{init_label(i)}'s {moves[i]:+.2f}" for i in edge)
+            + f" {'is' if len(edge) == 1 else 'are'} the tolerance itself") if edge else ""
 
 
 def doubling_table(final: pd.DataFrame, tolerance: float) -> list[list]:
@@ -249,7 +258,8 @@ def pipeline_check(curves: pd.DataFrame, cells: Path, tolerance: float) -> str:
         text += "\n" + same_runs(here, cells_curves(cells, arms, seeds), f"{cells}; {where}") + "\n"
     if 2 * b in set(final.budget) and not ((curves.budget == b) & (source == PIPELINE)).any():
         double = final[final.budget == 2 * b].groupby("init").test_acc.mean()
-        moves = {arm: double[arm] - statistics.mean(ran[arm, s][1] for s in seeds) for arm in arms}
+        moves = {arm: round(double[arm] - statistics.mean(ran[arm, s][1] for s in seeds), MOVE_DECIMALS)
+                 for arm in arms}      # judged as printed (doubling_moves)
         worst = max(moves, key=lambda i: abs(moves[i]))
         text += (f"\nThe pipeline's own cells at {b} epochs (`dvc repro`, {cells}, seeds {seeds}; {where}) "
                  f"against the {2 * b}-epoch runs above: "
@@ -287,7 +297,7 @@ def report(curves: pd.DataFrame, tolerance: float, seeds: list[int], warmup_pref
                     + tabulate(rows_p, headers=["budget", "difference (points)", "move"], tablefmt="github",
                              disable_numparse=True) + "\n")
     verdict = (f"**Converged budget: {chosen} epochs** (the smallest budget whose double moves no arm's "
-               f"mean by more than {tolerance:g} point)." if chosen is not None else
+               f"mean by more than {tolerance:g} point{at_edge(final, chosen, tolerance)})." if chosen is not None else
                f"**No budget here is converged** by the criterion (no doubling within {tolerance:g} point)."
                if rows else "No budget here has its double, so the criterion judges none.")
     return (f"#### Epoch budget on digits (stage epoch_budget)\n\n"

@@ -21,7 +21,7 @@ from structinit.io import MissingFileError
 from structinit.pipeline import cells
 from structinit.pipeline.cells import main_cell, run_name, seed_dir, solve_cell
 from structinit.reporting import paper, stats
-from structinit.reporting.budget import budget_sentence, budget_sentences, read_budget_finals
+from structinit.reporting.budget import budget_sentence, budget_sentences, doubled_contrast_sentence, read_budget_finals
 from structinit.reporting.figures.main import write_main_figures
 from structinit.reporting import tables as report
 from structinit.reporting.presentation import init_label
@@ -254,9 +254,11 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
     plan = planned(params)
     contrasts = {ds: main_contrasts(runs, ds, inits, plan) for ds in datasets}
     with stats.recording_conclusions() as main_conclusions:
+        def primary_note(c):            # what its design detects; the contrast at double the budget
+            return detectable_line(c, plan.alpha) + doubled_contrast_sentence(
+                budgets.get(c.family), epochs.get(c.family), c.a, c.b, init_label, c.family)
         main_block = stats.contrasts_block([c for ds in datasets for c in contrasts[ds]], init_label,
-                                           alpha=plan.alpha, primary_note=lambda c: detectable_line(c, plan.alpha)
-                                           ) + plan.not_run(inits)
+                                           alpha=plan.alpha, primary_note=primary_note) + plan.not_run(inits)
         speed_block = speed_section(runs, datasets, inits, speed, ours, speed_at, epochs,
                                     plan.alpha, init_label, plan.exploratory_note(init_label)) if speed else ""
     impulse_rows = [i for i in inits if cells.impulse_kernel(i)]
@@ -286,6 +288,8 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
             unreplicated = "\n  " + unmeasured_line("replication") + "."
     primary_lines = [stats.contrast_line(c, init_label, plan.alpha) + "\n" + detectable_line(c, plan.alpha)
                      + (replication_sentence(replicated, c, grid["seeds"], init_label) or unreplicated)
+                     + doubled_contrast_sentence(budgets.get(c.family), epochs.get(c.family), c.a, c.b, init_label,
+                                                 c.family)
                      for ds in datasets for c in contrasts[ds] if c.role == "primary"]
     texts["headline.md"] = (            # what the top-level README quotes (tests/test_readme_numbers.py)
         table + "\n\n"

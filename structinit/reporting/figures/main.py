@@ -69,7 +69,7 @@ def main_figure(runs: pd.DataFrame, dataset: str, inits: list[str], budgets: pd.
                      f"(stage epoch_budget; n = {seeds} seeds, bars ± std)\n{budget_machines(budgets)}",
                      fontsize=9)
         ax.grid(alpha=0.3, linewidth=0.5)
-        ax.legend(frameon=False, fontsize=7)
+        ax.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))  # off the lines
     fig.tight_layout()
     return fig
 
