@@ -377,26 +377,43 @@ def test_moves_beyond_the_tolerance_are_given_paired_by_seed():
     assert beyond_tolerance(budget_finals(pd.DataFrame(rows)), 2.0) == ""
 
 
-def test_a_move_of_exactly_the_tolerance_is_judged_within_whatever_the_rows_order():
+def test_a_move_of_exactly_the_tolerance_is_the_tolerance():
     """The committed evidence's case: Trunc Normal's 5 seeds 18 digits test images (of 5 x 360) better
-    at 320 than at 160, +1 point exactly. Unrounded, the float mean made it 1.0 in one row order and
-    1.0000000000000142 in another, flipping the verdict; the criterion judges the move as printed."""
+    at 320 than at 160, +1 point exactly. The float means made it 1.0000000000000142 and failed an exact
+    tie; the criterion computes it in images."""
     at160, at320 = [96.111, 95.833, 96.389, 95.0, 95.556], [96.944, 96.667, 97.5, 96.389, 96.389]
-    rows = [{"init": "trunc_normal", "budget": b, "seed": s, "epoch": b, "test_acc": acc}
-            for b, accs in ((160, at160), (320, at320)) for s, acc in enumerate(accs)]
-    for order in (rows, rows[::-1], rows[3:] + rows[:3], sorted(rows, key=lambda r: (r["seed"], -r["budget"]))):
-        finals = budget_finals(pd.DataFrame(order))
-        assert doubling_moves(finals) == {160: {"trunc_normal": 1.0}}
-        assert converged_budget(finals) == 160
-        assert budget_sentence(finals, 160).startswith("Epoch budget 160: converged")
-    nudged = budget_finals(pd.DataFrame(rows).assign(test_acc=lambda d: d.test_acc + (d.budget == 320) * 0.03))
-    assert doubling_moves(nudged)[160]["trunc_normal"] == pytest.approx(1.03)    # beyond it: still judged
-    assert converged_budget(nudged) is None
-    edge = budget_finals(pd.DataFrame(rows))
-    assert "1.00 points (trunc_normal; tolerance 1, which it meets exactly)" in budget_sentence(edge, 160)
-    text = report(pd.DataFrame(rows).assign(dataset="digits"), 1.0, [0, 1, 2, 3, 4], False, "test CPU")
+    rows = pd.DataFrame([{"init": "trunc_normal", "budget": b, "seed": s, "epoch": b, "test_acc": acc,
+                          "evaluated": 360} for b, accs in ((160, at160), (320, at320)) for s, acc in enumerate(accs)])
+    finals = budget_finals(rows)
+    floats = finals.groupby("budget").test_acc.mean()
+    assert floats[320] - floats[160] > 1.0                             # the float arithmetic's verdict: beyond
+    assert doubling_moves(finals) == {160: {"trunc_normal": 1.0}}
+    assert converged_budget(finals) == 160
+    assert "1.00 points (trunc_normal; tolerance 1, which it meets exactly)" in budget_sentence(finals, 160)
+    text = report(rows.assign(dataset="digits"), 1.0, [0, 1, 2, 3, 4], False, "test CPU")
     assert "**Converged budget: 160 epochs**" in text and "Trunc Normal's +1.00 is the tolerance itself" in text
     assert "- Trunc Normal, 160 → 320: +1.00 points" in text        # its paired interval shown: it passes on the edge
+    one_more = rows.assign(test_acc=rows.test_acc + ((rows.budget == 320) & (rows.seed == 0)) * 0.278)
+    assert doubling_moves(budget_finals(one_more))[160]["trunc_normal"] == pytest.approx(1.0 + 100 / 1800)
+    assert converged_budget(budget_finals(one_more)) is None          # one image more: beyond it
+    with pytest.raises(CorruptFileError, match="no count of 300 images"):
+        doubling_moves(budget_finals(rows.assign(evaluated=300)))       # 96.111 is not k/300
+
+
+def test_a_move_just_beyond_the_tolerance_on_a_large_split_fails_and_prints_so():
+    """10,000 validation images x 5 seeds: 502 more of 50,000 right is +1.004 points, beyond the
+    tolerance; printed to 2 decimals it would read +1.00, so it is printed to 3."""
+    from structinit.reporting.budget import move_text
+
+    right = {(b, s): 8000 + s + (502 if (b, s) == (40, 0) else 0) for b in (20, 40) for s in range(5)}
+    rows = pd.DataFrame([{"init": "trunc_normal", "budget": b, "seed": s, "epoch": b, "evaluated": 10_000,
+                          "test_acc": round(100 * k / 10_000, 3)} for (b, s), k in right.items()])
+    finals = budget_finals(rows)
+    assert doubling_moves(finals)[20]["trunc_normal"] == pytest.approx(1.004)
+    assert converged_budget(finals) is None
+    assert "trunc_normal's mean by +1.004 points" in budget_sentence(finals, 20)
+    assert move_text(1.004) == "+1.004" and move_text(1.0) == "+1.00" and move_text(0.996) == "+0.996"
+    assert move_text(1.2) == "+1.20" and move_text(-1.004) == "-1.004"
 
 
 def test_the_primary_contrast_at_double_the_budget():
@@ -411,3 +428,9 @@ def test_the_primary_contrast_at_double_the_budget():
     assert doubled_contrast_sentence(finals, 320, "impulse3", "trunc_normal") == ""     # 640 did not run
     assert doubled_contrast_sentence(None, 160, "impulse3", "trunc_normal") == ""       # not fresh
     assert doubled_contrast_sentence(finals, 160, "impulse5", "trunc_normal") == ""     # arm not in the evidence
+    assert "distinguishable from 0 (impulse3 > trunc_normal)" not in line              # no spread: no test
+    assert "not testable" in line and "nan" not in line
+    spread = finals.assign(test_acc=finals.test_acc + (finals.init == "impulse3") * finals.seed * 0.1)
+    tested = doubled_contrast_sentence(spread, 160, "impulse3", "trunc_normal")
+    assert "+0.90 points, 95 % CI [+0.65, +1.15]" in tested
+    assert "distinguishable from 0 (impulse3 > trunc_normal)" in tested

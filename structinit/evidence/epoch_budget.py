@@ -17,7 +17,9 @@ here for one arm and compares each evaluated epoch with the cells (pipeline_chec
 Criterion: a budget B is converged when doubling it moves no arm's mean final
 accuracy by more than `tolerance` points (1 by default; structinit/reporting/budget.py).
 epochs.csv holds the test accuracy at every evaluated epoch, per arm, budget and seed, each
-row naming the CPU, dtype and stacking it ran with; epochs.md the tables and the verdict.
+row naming the CPU, dtype and stacking it ran with and the images it was counted on
+(`evaluated`: the criterion judges a move exactly, in images); epochs.md the tables and the
+verdict.
 """
 from __future__ import annotations
 
@@ -32,7 +34,9 @@ from tabulate import tabulate
 from structinit import TrainConfig, initialize, train_models
 from structinit.pipeline.build import build_model
 from structinit.pipeline.cells import main_cell, parse_init
-from structinit.reporting.budget import MOVE_DECIMALS, budget_finals, converged_budget, doubling_moves
+from structinit.data.specs import TEST_IMAGES
+from structinit.reporting.budget import (EVALUATED, budget_finals, converged_budget, doubling_moves,
+                                         move_text)
 from structinit.reporting.curves import read_run
 from structinit.reporting import stats
 from structinit.reporting.presentation import init_label
@@ -89,7 +93,7 @@ def run_budget(data, rec: dict, arms: list[str], seeds: list[int], epochs: int, 
         hists = train_models(models, data, cfgs, progress=False, device=device, **where)
         rows += [{"dataset": dataset, "init": arm, "budget": epochs, "seed": seed, "epoch": h["epoch"],
                   "test_acc": round(100 * h["test_acc"], 3), "test_loss": h["test_loss"], "cpu": cpu, "dtype": dtype,
-                  "stacking": stacking, "source": "benchmark"}
+                  "stacking": stacking, "source": "benchmark", EVALUATED: len(data.test_labels)}
                  for (arm, seed), hist in zip(pairs, hists) for h in hist if "test_acc" in h]
     return pd.DataFrame(rows)
 
@@ -122,7 +126,7 @@ def beyond_tolerance(final: pd.DataFrame, tolerance: float) -> str:
                 continue
             at = {x: dict(zip(g.seed, g.test_acc)) for x, g in final[final.init == arm].groupby("budget")}
             d = stats.paired_difference(at[2 * b], at[b])
-            lines.append(f"- {init_label(arm)}, {b} → {2 * b}: {d.diff:+.2f} points "
+            lines.append(f"- {init_label(arm)}, {b} → {2 * b}: {move_text(m, tolerance)} points "
                          f"[{d.ci_low:+.2f}, {d.ci_high:+.2f}], n = {d.n} seeds, p = {d.p:.2g}")
     return ("\nThe moves at or beyond the tolerance, paired by seed (mean, 95 % interval, paired t; the criterion "
             "judges the mean alone):\n\n" + "\n".join(lines) + "\n") if lines else ""
@@ -132,7 +136,7 @@ def at_edge(final: pd.DataFrame, budget: int, tolerance: float) -> str:
     """"; Trunc Normal's +1.00 is the tolerance itself": said where a budget passes on the edge."""
     moves = doubling_moves(final)[budget]
     edge = [i for i, m in moves.items() if abs(m) == tolerance]
-    return ("; " + ", ".join(f"{init_label(i)}'s {moves[i]:+.2f}" for i in edge)
+    return ("; " + ", ".join(f"{init_label(i)}'s {move_text(moves[i], tolerance)}" for i in edge)
             + f" {'is' if len(edge) == 1 else 'are'} the tolerance itself") if edge else ""
 
 
@@ -141,8 +145,10 @@ def doubling_table(final: pd.DataFrame, tolerance: float) -> list[list]:
     rows = []
     for b, moves in doubling_moves(final).items():
         worst = max(moves, key=lambda i: abs(moves[i]))
-        rows.append([f"{b} → {2 * b}", ", ".join(f"{init_label(i)} {m:+.2f}" for i, m in moves.items()),
-                     f"{init_label(worst)} {moves[worst]:+.2f}", "yes" if abs(moves[worst]) <= tolerance else "no"])
+        each = ", ".join(f"{init_label(i)} {move_text(m, tolerance)}" for i, m in moves.items())
+        rows.append([f"{b} → {2 * b}", each,
+                     f"{init_label(worst)} {move_text(moves[worst], tolerance)}",
+                     "yes" if abs(moves[worst]) <= tolerance else "no"])
     return rows
 
 
@@ -186,12 +192,28 @@ def cells_curves(cells: Path, arms: list[str], seeds: list[int]) -> pd.DataFrame
                       "cpu": f"{logged.get('cpu', '?')}, {logged.get('cpu_threads', '?')} threads",
                       "dtype": logged.get("compute_dtype", ""), "stacking": "cell", "source": PIPELINE}
                      for e, acc, loss in zip(curve.epoch, curve.test_acc, curve.test_loss)]
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    whole = TEST_IMAGES["digits"]                 # a cell is evaluated on the whole test split
+    return frame.assign(**{EVALUATED: whole if counted_on(frame.test_acc, whole) else pd.NA})
 
 
 def with_source(curves: pd.DataFrame) -> pd.DataFrame:
-    """A file written before rows named their source: every row in it was trained here."""
-    return curves.assign(source=curves.source.fillna("benchmark") if "source" in curves else "benchmark")
+    """A file written before rows named their source: every row in it was trained here. One
+    written before rows named the images they were counted on (EVALUATED): run_budget evaluates
+    on the dataset's whole test split, so a dataset's rows are counted on it where every one of
+    its accuracies is a count of it (else they stay unnamed, judged as the decimals stored)."""
+    curves = curves.assign(source=curves.source.fillna("benchmark") if "source" in curves else "benchmark")
+    if EVALUATED not in curves:
+        curves = curves.assign(**{EVALUATED: pd.NA})
+    for dataset, rows in curves[curves[EVALUATED].isna()].groupby("dataset") if "dataset" in curves else ():
+        if counted_on(rows.test_acc, TEST_IMAGES.get(dataset)):
+            curves.loc[rows.index, EVALUATED] = TEST_IMAGES[dataset]
+    return curves
+
+
+def counted_on(accuracies, n: int | None) -> bool:
+    """Is every accuracy (points, stored to 3 decimals) a count of n images?"""
+    return bool(n) and all(abs(a * n / 100 - round(a * n / 100)) * 100 / n <= 0.0005 + 1e-9 for a in accuracies)
 
 
 def with_cells(curves: pd.DataFrame, cells: Path, arms: list[str], seeds: list[int]) -> pd.DataFrame:
@@ -257,14 +279,16 @@ def pipeline_check(curves: pd.DataFrame, cells: Path, tolerance: float) -> str:
     if not here.empty:
         text += "\n" + same_runs(here, cells_curves(cells, arms, seeds), f"{cells}; {where}") + "\n"
     if 2 * b in set(final.budget) and not ((curves.budget == b) & (source == PIPELINE)).any():
-        double = final[final.budget == 2 * b].groupby("init").test_acc.mean()
-        moves = {arm: round(double[arm] - statistics.mean(ran[arm, s][1] for s in seeds), MOVE_DECIMALS)
-                 for arm in arms}      # judged as printed (doubling_moves)
+        cells_final = pd.DataFrame([{"init": arm, "budget": b, "seed": s, "epoch": b, "test_acc": ran[arm, s][1]}
+                                    for arm in arms for s in seeds])
+        whole = TEST_IMAGES["digits"]
+        cells_final[EVALUATED] = whole if counted_on(cells_final.test_acc.round(3), whole) else pd.NA
+        moves = doubling_moves(pd.concat([cells_final, final[final.budget == 2 * b]], ignore_index=True))[b]
         worst = max(moves, key=lambda i: abs(moves[i]))
         text += (f"\nThe pipeline's own cells at {b} epochs (`dvc repro`, {cells}, seeds {seeds}; {where}) "
                  f"against the {2 * b}-epoch runs above: "
-                 + ", ".join(f"{init_label(i)} {m:+.2f}" for i, m in moves.items())
-                 + f"; largest {init_label(worst)} {moves[worst]:+.2f}: "
+                 + ", ".join(f"{init_label(i)} {move_text(m, tolerance)}" for i, m in moves.items())
+                 + f"; largest {init_label(worst)} {move_text(moves[worst], tolerance)}: "
                  + ("within" if abs(moves[worst]) <= tolerance else "NOT within") + f" {tolerance:g} point.\n")
     return text
 

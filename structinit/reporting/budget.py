@@ -9,6 +9,8 @@ A budget B is converged when doubling it moves no arm's mean final accuracy by m
 """
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from pathlib import Path
 
 import pandas as pd
@@ -18,7 +20,7 @@ from structinit.io import CorruptFileError
 from structinit.reporting import stats
 
 TOLERANCE = 1.0
-MOVE_DECIMALS = 2      # as printed; accuracies are stored to 3 decimals (a digits image: 0.28 points)
+EVALUATED = "evaluated"  # epochs.csv's column: images in the split each accuracy was counted on
 EPOCHS_MD = "results/evidence/epoch_budget/epochs.md"   # the evidence's report, named in each sentence
 
 
@@ -29,16 +31,44 @@ def budget_finals(curves: pd.DataFrame) -> pd.DataFrame:
     return curves.loc[curves.groupby(keys).epoch.idxmax()].reset_index(drop=True)
 
 
+def exact_accuracy(acc: float, evaluated=None) -> Fraction:
+    """A stored accuracy (points, rounded to 3 decimals) as the exact number it rounds: k of the
+    `evaluated` images right, 100 k / evaluated. Without `evaluated` (a file before the column),
+    or where 3 decimals cannot tell k from k + 1 (100,000 images or more), the stored decimal."""
+    stored = Fraction(str(float(acc)))
+    if evaluated is None or pd.isna(evaluated) or int(evaluated) >= 100_000:
+        return stored
+    n = int(evaluated)
+    exact = Fraction(100 * round(stored * n / 100), n)
+    if abs(exact - stored) > Fraction(1, 1000):
+        raise CorruptFileError(f"accuracy {acc} is no count of {n} images to 3 decimals: the file's "
+                               f"{EVALUATED!r} column is not the split it was counted on")
+    return exact
+
+
 def doubling_moves(finals: pd.DataFrame) -> dict[int, dict[str, float]]:
-    """{B: {arm: mean at 2B - mean at B}} for every budget B whose double also ran, in points to
-    MOVE_DECIMALS places: the move the reports print is the move the criterion judges. Unrounded,
-    a move of exactly the tolerance (18 more of 5 x 360 digits test images right: +1 point) came
-    out 1.0 or 1.0000000000000142 by the order of the rows summed, and the verdict with it."""
-    means = finals.groupby(["init", "budget"]).test_acc.mean()
+    """{B: {arm: mean at 2B - mean at B}} for every budget B whose double also ran, in points,
+    computed exactly (in images, exact_accuracy) and then made a float: a move of exactly the
+    tolerance is the tolerance. In float arithmetic Trunc Normal's 18 more of 5 x 360 digits test
+    images right from 160 to 320 epochs, +1 point exactly, came out 1.0000000000000142: an exact
+    tie the criterion then failed by a float's rounding error."""
+    evaluated = finals[EVALUATED] if EVALUATED in finals else pd.Series(None, index=finals.index, dtype=object)
+    exact = [exact_accuracy(a, e) for a, e in zip(finals.test_acc, evaluated)]
+    means = {}
+    for key, rows in pd.Series(exact, index=finals.index).groupby([finals.init, finals.budget]):
+        means[key[0], int(key[1])] = sum(rows, Fraction(0)) / len(rows)
     budgets = sorted(int(b) for b in finals.budget.unique())
     arms = list(dict.fromkeys(finals.init))
-    return {b: {i: round(float(means[i, 2 * b] - means[i, b]), MOVE_DECIMALS) for i in arms}
-            for b in budgets if 2 * b in budgets}
+    return {b: {i: float(means[i, 2 * b] - means[i, b]) for i in arms} for b in budgets if 2 * b in budgets}
+
+
+def move_text(move: float, tolerance: float = TOLERANCE) -> str:
+    """A move as the reports print it: 2 decimals, more where 2 would round a move beside the
+    tolerance onto it (+1.004 is not "+1.00", which would read as a pass)."""
+    digits = 2
+    while digits < 6 and abs(move) != tolerance and round(abs(move), digits) == tolerance:
+        digits += 1
+    return f"{move:+.{digits}f}"
 
 
 def converged_budget(finals: pd.DataFrame, tolerance: float = TOLERANCE) -> int | None:
@@ -63,12 +93,14 @@ def budget_sentence(finals: pd.DataFrame | None, epochs: int, label=str, toleran
         if abs(move) <= tolerance:
             return (f"Epoch budget {epochs}: converged by the epoch evidence's criterion ({EPOCHS_MD}, "
                     f"n = {n} seeds): doubling it to {2 * epochs} moves no arm's mean by more than "
-                    f"{abs(move):.2f} points ({label(worst)}; tolerance {tolerance:g}"
+                    f"{move_text(abs(move), tolerance).lstrip('+')} points ({label(worst)}; tolerance {tolerance:g}"
                     + (", which it meets exactly)" if abs(move) == tolerance else ")"))
         others = [i for i, m in moves[epochs].items() if abs(m) > tolerance and i != worst]
         return (f"Epoch budget {epochs}: NOT converged by the epoch evidence's criterion ({EPOCHS_MD}, "
-                f"n = {n} seeds): doubling it to {2 * epochs} moves {label(worst)}'s mean by {move:+.2f} points"
-                + (f" (and {', '.join(f'{label(i)} {moves[epochs][i]:+.2f}' for i in others)})" if others else "")
+                f"n = {n} seeds): doubling it to {2 * epochs} moves {label(worst)}'s mean by "
+                f"{move_text(move, tolerance)} points"
+                + (f" (and {', '.join(f'{label(i)} {move_text(moves[epochs][i], tolerance)}' for i in others)})"
+                   if others else "")
                 + f", more than the tolerance of {tolerance:g}; differences involving "
                 + ("these arms" if others else "this arm") + " still describe how far training got")
     if epochs in set(finals.budget):
@@ -114,13 +146,13 @@ def doubled_contrast_sentence(finals: pd.DataFrame | None, epochs: int | None, a
     if len(set(ga) & set(gb)) < 2:
         return ""
     d = stats.paired_difference(ga, gb)
-    found = ("no interval (the differences have no spread)" if not d.ci_low <= d.ci_high
-             else "not distinguishable from 0" if d.ci_low <= 0 <= d.ci_high else "distinguishable from 0")
-    where = f"{dataset}, " if dataset else ""
-    return (f"\n  At double the budget ({where}{2 * epochs} epochs; {EPOCHS_MD}, one run per seed, "
-            "not a planned test): "
-            f"{label(a)} − {label(b)} {d.diff:+.2f} points, 95 % CI [{d.ci_low:+.2f}, {d.ci_high:+.2f}], "
-            f"p = {d.p:.2g}, n = {d.n}, {found}.")
+    head = (f"\n  At double the budget ({dataset + ', ' if dataset else ''}{2 * epochs} epochs; {EPOCHS_MD}, "
+            f"one run per seed, not a planned test): {label(a)} − {label(b)} {d.diff:+.2f} points")
+    if math.isnan(d.p):                 # every seed moved alike: an interval of width 0, no test
+        return f"{head}, n = {d.n}, not testable (the paired differences have no spread)."
+    found = ("not distinguishable from 0" if d.ci_low <= 0 <= d.ci_high else
+             f"distinguishable from 0 ({label(a)} {'>' if d.diff > 0 else '<'} {label(b)})")
+    return f"{head}, 95 % CI [{d.ci_low:+.2f}, {d.ci_high:+.2f}], p = {d.p:.2g}, n = {d.n}, {found}."
 
 
 def budget_sentences(budgets: dict[str, pd.DataFrame], epochs: dict[str, int], label=str) -> str:
