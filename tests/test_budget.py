@@ -379,15 +379,14 @@ def test_moves_beyond_the_tolerance_are_given_paired_by_seed():
 
 def test_a_move_of_exactly_the_tolerance_is_the_tolerance():
     """The committed evidence's case: Trunc Normal's 5 seeds 18 digits test images (of 5 x 360) better
-    at 320 than at 160, +1 point exactly. The float means made it 1.0000000000000142 and failed an exact
-    tie; the criterion computes it in images."""
+    at 320 than at 160, +1 point exactly. pandas' float means made it 1.0000000000000142 and failed an
+    exact tie; the criterion computes it in images, whatever the arithmetic of the means."""
     at160, at320 = [96.111, 95.833, 96.389, 95.0, 95.556], [96.944, 96.667, 97.5, 96.389, 96.389]
     rows = pd.DataFrame([{"init": "trunc_normal", "budget": b, "seed": s, "epoch": b, "test_acc": acc,
                           "evaluated": 360} for b, accs in ((160, at160), (320, at320)) for s, acc in enumerate(accs)])
     finals = budget_finals(rows)
-    floats = finals.groupby("budget").test_acc.mean()
-    assert floats[320] - floats[160] > 1.0                             # the float arithmetic's verdict: beyond
     assert doubling_moves(finals) == {160: {"trunc_normal": 1.0}}
+    assert doubling_moves(finals.assign(evaluated=None)) == {160: {"trunc_normal": 1.0}}   # stored decimals: exact
     assert converged_budget(finals) == 160
     assert "1.00 points (trunc_normal; tolerance 1, which it meets exactly)" in budget_sentence(finals, 160)
     text = report(rows.assign(dataset="digits"), 1.0, [0, 1, 2, 3, 4], False, "test CPU")
@@ -398,6 +397,20 @@ def test_a_move_of_exactly_the_tolerance_is_the_tolerance():
     assert converged_budget(budget_finals(one_more)) is None          # one image more: beyond it
     with pytest.raises(CorruptFileError, match="no count of 300 images"):
         doubling_moves(budget_finals(rows.assign(evaluated=300)))       # 96.111 is not k/300
+    with pytest.raises(CorruptFileError, match="evaluated = 0"):
+        doubling_moves(budget_finals(rows.assign(evaluated=0)))
+    with pytest.raises(CorruptFileError, match="accuracy nan"):
+        doubling_moves(budget_finals(rows.assign(test_acc=rows.test_acc.where(rows.seed != 2))))
+    # a file whose rows do not all name their split is judged in stored decimals, every row alike
+    mixed = rows.astype({"evaluated": object})
+    mixed.loc[0, "evaluated"] = None
+    assert doubling_moves(budget_finals(mixed)) == {160: {"trunc_normal": 1.0}}
+    from structinit.evidence.epoch_budget import counted_on, with_source
+    assert counted_on(rows.test_acc, 360) and not counted_on(rows.test_acc, 300) and not counted_on([], 360)
+    assert not counted_on([float("nan")], 360)
+    legacy = rows.drop(columns="evaluated").assign(dataset="digits")
+    assert set(with_source(legacy).evaluated) == {360}                   # the digits test split, every row a count
+    assert with_source(legacy.assign(test_acc=legacy.test_acc + 0.01)).evaluated.isna().all()
 
 
 def test_a_move_just_beyond_the_tolerance_on_a_large_split_fails_and_prints_so():
@@ -414,6 +427,7 @@ def test_a_move_just_beyond_the_tolerance_on_a_large_split_fails_and_prints_so()
     assert "trunc_normal's mean by +1.004 points" in budget_sentence(finals, 20)
     assert move_text(1.004) == "+1.004" and move_text(1.0) == "+1.00" and move_text(0.996) == "+0.996"
     assert move_text(1.2) == "+1.20" and move_text(-1.004) == "-1.004"
+    assert move_text(1.0000001) == "+1.0000001" and move_text(0.9999996) == "+0.9999996"
 
 
 def test_the_primary_contrast_at_double_the_budget():
@@ -430,6 +444,13 @@ def test_the_primary_contrast_at_double_the_budget():
     assert doubled_contrast_sentence(finals, 160, "impulse5", "trunc_normal") == ""     # arm not in the evidence
     assert "distinguishable from 0 (impulse3 > trunc_normal)" not in line              # no spread: no test
     assert "not testable" in line and "nan" not in line
+    # 3 more of 360 images right at every seed: stored to 3 decimals the differences are 0.833 or 0.834,
+    # a spread of rounding alone; counted in images they are equal, so there is nothing to test
+    ties = pd.DataFrame([{"init": i, "budget": 320, "seed": s, "epoch": 320, "evaluated": 360,
+                          "test_acc": round(100 * (340 + s + 3 * (i == "impulse3")) / 360, 3)}
+                         for i in ("impulse3", "trunc_normal") for s in range(5)])
+    tie = doubled_contrast_sentence(budget_finals(ties), 160, "impulse3", "trunc_normal")
+    assert "+0.83 points, n = 5, not testable" in tie
     spread = finals.assign(test_acc=finals.test_acc + (finals.init == "impulse3") * finals.seed * 0.1)
     tested = doubled_contrast_sentence(spread, 160, "impulse3", "trunc_normal")
     assert "+0.90 points, 95 % CI [+0.65, +1.15]" in tested

@@ -93,6 +93,9 @@ def test_every_budget_ran_on_the_committed_run_s_cpu_dtype_and_stacking(evidence
     cpu, threads, dtype = logged.pop()
     assert set(evidence.cpu) == {f"{cpu}, {threads} threads"} and set(evidence.dtype) == {dtype}
     assert set(evidence.stacking) == {"cell"}
+    # every accuracy names the images it was counted on (the criterion's exact arithmetic)
+    from structinit.data.specs import TEST_IMAGES
+    assert (evidence.evaluated == TEST_IMAGES["digits"]).all()
     assert sorted(set(evidence.seed)) == PARAMS["grid"]["seeds"]
     # every budget has every arm at every seed
     finals = budget_finals(evidence)

@@ -117,7 +117,7 @@ VERDICTS = {
     "epoch_budget": r"Epoch budget \d+: (NOT )?converged|short of convergence|measured by the epoch|"
                     r"No budget here is converged|Converged budget:",
     "replication": r"Re-tested on seeds|confirmed: \d+ of \d+ stated",
-    "regime": r"Regime study|imp3_m030 - trunc_normal =",
+    "regime": r"Regime study|imp3_m030 - trunc_normal =|Imp\.-3 at mass",
     "softness_law": r"max held-out error",
 }
 PAGES = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")),

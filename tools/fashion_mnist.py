@@ -88,7 +88,7 @@ def tiny_data(spec, n_train: int, n_test: int):
 
 
 def write_report(out: Path, curves: pd.DataFrame, seconds: dict, info: dict, rec, tiny: bool) -> str:
-    from structinit.reporting.budget import TOLERANCE, budget_finals, converged_budget, doubling_moves
+    from structinit.reporting.budget import TOLERANCE, budget_finals, converged_budget, doubling_moves, move_text
     from structinit.reporting.presentation import init_label
 
     finals = budget_finals(curves)
@@ -102,7 +102,7 @@ def write_report(out: Path, curves: pd.DataFrame, seconds: dict, info: dict, rec
     B = rec.train["epochs"]
     if B in moves:
         worst = max(moves[B], key=lambda i: abs(moves[B][i]))
-        said = (f"Doubling {B} epochs moves {init_label(worst)} most, {moves[B][worst]:+.2f} points: "
+        said = (f"Doubling {B} epochs moves {init_label(worst)} most, {move_text(moves[B][worst])} points: "
                 + (f"**{B} is converged** (within {TOLERANCE:g} point)." if abs(moves[B][worst]) <= TOLERANCE
                    else f"**{B} is NOT converged** (beyond {TOLERANCE:g} point)."))
     else:

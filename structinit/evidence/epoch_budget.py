@@ -24,6 +24,7 @@ verdict.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -194,7 +195,7 @@ def cells_curves(cells: Path, arms: list[str], seeds: list[int]) -> pd.DataFrame
                      for e, acc, loss in zip(curve.epoch, curve.test_acc, curve.test_loss)]
     frame = pd.DataFrame(rows)
     whole = TEST_IMAGES["digits"]                 # a cell is evaluated on the whole test split
-    return frame.assign(**{EVALUATED: whole if counted_on(frame.test_acc, whole) else pd.NA})
+    return frame.assign(**{EVALUATED: whole if len(frame) and counted_on(frame.test_acc, whole) else pd.NA})
 
 
 def with_source(curves: pd.DataFrame) -> pd.DataFrame:
@@ -212,8 +213,10 @@ def with_source(curves: pd.DataFrame) -> pd.DataFrame:
 
 
 def counted_on(accuracies, n: int | None) -> bool:
-    """Is every accuracy (points, stored to 3 decimals) a count of n images?"""
-    return bool(n) and all(abs(a * n / 100 - round(a * n / 100)) * 100 / n <= 0.0005 + 1e-9 for a in accuracies)
+    """Is every accuracy (points, stored to 3 decimals) a count of n images? (None of them: no.)"""
+    values = [float(a) for a in accuracies]
+    return (bool(n) and bool(values) and all(math.isfinite(a) for a in values)
+            and all(abs(a * n / 100 - round(a * n / 100)) * 100 / n <= 0.0005 + 1e-9 for a in values))
 
 
 def with_cells(curves: pd.DataFrame, cells: Path, arms: list[str], seeds: list[int]) -> pd.DataFrame:

@@ -35,15 +35,29 @@ def exact_accuracy(acc: float, evaluated=None) -> Fraction:
     """A stored accuracy (points, rounded to 3 decimals) as the exact number it rounds: k of the
     `evaluated` images right, 100 k / evaluated. Without `evaluated` (a file before the column),
     or where 3 decimals cannot tell k from k + 1 (100,000 images or more), the stored decimal."""
+    if not math.isfinite(float(acc)):
+        raise CorruptFileError(f"accuracy {acc}: a final accuracy must be a number; re-create the file")
     stored = Fraction(str(float(acc)))
-    if evaluated is None or pd.isna(evaluated) or int(evaluated) >= 100_000:
+    if evaluated is None or pd.isna(evaluated):
         return stored
-    n = int(evaluated)
+    if float(evaluated) != int(float(evaluated)) or int(float(evaluated)) < 1:
+        raise CorruptFileError(f"{EVALUATED} = {evaluated!r}: images counted on must be a positive whole number")
+    n = int(float(evaluated))
+    if n >= 100_000:                          # 3 decimals cannot tell k from k + 1 any more
+        return stored
     exact = Fraction(100 * round(stored * n / 100), n)
-    if abs(exact - stored) > Fraction(1, 1000):
+    if abs(exact - stored) > Fraction(1, 2000):          # 3 decimals round by at most 0.0005
         raise CorruptFileError(f"accuracy {acc} is no count of {n} images to 3 decimals: the file's "
                                f"{EVALUATED!r} column is not the split it was counted on")
     return exact
+
+
+def exact_accuracies(finals: pd.DataFrame) -> list[Fraction]:
+    """Each row's exact accuracy: in images where every row names its split (EVALUATED), else
+    every row's stored decimal (a mix would judge a tie in two arithmetics at once)."""
+    named = EVALUATED in finals and finals[EVALUATED].notna().all()
+    return [exact_accuracy(a, e if named else None)
+            for a, e in zip(finals.test_acc, finals[EVALUATED] if named else [None] * len(finals))]
 
 
 def doubling_moves(finals: pd.DataFrame) -> dict[int, dict[str, float]]:
@@ -52,8 +66,7 @@ def doubling_moves(finals: pd.DataFrame) -> dict[int, dict[str, float]]:
     tolerance is the tolerance. In float arithmetic Trunc Normal's 18 more of 5 x 360 digits test
     images right from 160 to 320 epochs, +1 point exactly, came out 1.0000000000000142: an exact
     tie the criterion then failed by a float's rounding error."""
-    evaluated = finals[EVALUATED] if EVALUATED in finals else pd.Series(None, index=finals.index, dtype=object)
-    exact = [exact_accuracy(a, e) for a, e in zip(finals.test_acc, evaluated)]
+    exact = exact_accuracies(finals)
     means = {}
     for key, rows in pd.Series(exact, index=finals.index).groupby([finals.init, finals.budget]):
         means[key[0], int(key[1])] = sum(rows, Fraction(0)) / len(rows)
@@ -66,7 +79,7 @@ def move_text(move: float, tolerance: float = TOLERANCE) -> str:
     """A move as the reports print it: 2 decimals, more where 2 would round a move beside the
     tolerance onto it (+1.004 is not "+1.00", which would read as a pass)."""
     digits = 2
-    while digits < 6 and abs(move) != tolerance and round(abs(move), digits) == tolerance:
+    while digits < 17 and abs(move) != tolerance and float(f"{abs(move):.{digits}f}") == tolerance:
         digits += 1
     return f"{move:+.{digits}f}"
 
@@ -142,13 +155,15 @@ def doubled_contrast_sentence(finals: pd.DataFrame | None, epochs: int | None, a
     if finals is None or epochs is None:
         return ""
     at = finals[finals.budget == 2 * epochs]
-    ga, gb = (dict(zip(at[at.init == x].seed, at[at.init == x].test_acc)) for x in (a, b))
-    if len(set(ga) & set(gb)) < 2:
+    exact = dict(zip(at.index, exact_accuracies(at)))      # in images: equal differences are equal
+    ga, gb = ({s: exact[k] for k, s in zip(at.index[at.init == x], at.seed[at.init == x])} for x in (a, b))
+    seeds = sorted(set(ga) & set(gb))
+    if len(seeds) < 2:
         return ""
-    d = stats.paired_difference(ga, gb)
+    d = stats.paired_difference({s: float(ga[s]) for s in seeds}, {s: float(gb[s]) for s in seeds})
     head = (f"\n  At double the budget ({dataset + ', ' if dataset else ''}{2 * epochs} epochs; {EPOCHS_MD}, "
             f"one run per seed, not a planned test): {label(a)} − {label(b)} {d.diff:+.2f} points")
-    if math.isnan(d.p):                 # every seed moved alike: an interval of width 0, no test
+    if len({ga[s] - gb[s] for s in seeds}) == 1:     # every seed moved alike: an interval of width 0, no test
         return f"{head}, n = {d.n}, not testable (the paired differences have no spread)."
     found = ("not distinguishable from 0" if d.ci_low <= 0 <= d.ci_high else
              f"distinguishable from 0 ({label(a)} {'>' if d.diff > 0 else '<'} {label(b)})")
