@@ -405,7 +405,8 @@ def test_a_move_of_exactly_the_tolerance_is_the_tolerance():
     mixed = rows.astype({"evaluated": object})
     mixed.loc[0, "evaluated"] = None
     assert doubling_moves(budget_finals(mixed)) == {160: {"trunc_normal": 1.0}}
-    from structinit.evidence.epoch_budget import counted_on, with_source
+    from structinit.evidence.epoch_budget import with_source
+    from structinit.reporting.budget import counted_on
     assert counted_on(rows.test_acc, 360) and not counted_on(rows.test_acc, 300) and not counted_on([], 360)
     assert not counted_on([float("nan")], 360)
     legacy = rows.drop(columns="evaluated").assign(dataset="digits")

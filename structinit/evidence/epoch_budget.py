@@ -24,7 +24,6 @@ verdict.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from pathlib import Path
 
@@ -36,8 +35,8 @@ from structinit import TrainConfig, initialize, train_models
 from structinit.pipeline.build import build_model
 from structinit.pipeline.cells import main_cell, parse_init
 from structinit.data.specs import TEST_IMAGES
-from structinit.reporting.budget import (EVALUATED, budget_finals, converged_budget, doubling_moves,
-                                         move_text)
+from structinit.reporting.budget import (EVALUATED, budget_finals, converged_budget, counted_on,
+                                         doubling_moves, move_text)
 from structinit.reporting.curves import read_run
 from structinit.reporting import stats
 from structinit.reporting.presentation import init_label
@@ -193,9 +192,7 @@ def cells_curves(cells: Path, arms: list[str], seeds: list[int]) -> pd.DataFrame
                       "cpu": f"{logged.get('cpu', '?')}, {logged.get('cpu_threads', '?')} threads",
                       "dtype": logged.get("compute_dtype", ""), "stacking": "cell", "source": PIPELINE}
                      for e, acc, loss in zip(curve.epoch, curve.test_acc, curve.test_loss)]
-    frame = pd.DataFrame(rows)
-    whole = TEST_IMAGES["digits"]                 # a cell is evaluated on the whole test split
-    return frame.assign(**{EVALUATED: whole if len(frame) and counted_on(frame.test_acc, whole) else pd.NA})
+    return with_evaluated(pd.DataFrame(rows))
 
 
 def with_source(curves: pd.DataFrame) -> pd.DataFrame:
@@ -203,20 +200,20 @@ def with_source(curves: pd.DataFrame) -> pd.DataFrame:
     written before rows named the images they were counted on (EVALUATED): run_budget evaluates
     on the dataset's whole test split, so a dataset's rows are counted on it where every one of
     its accuracies is a count of it (else they stay unnamed, judged as the decimals stored)."""
-    curves = curves.assign(source=curves.source.fillna("benchmark") if "source" in curves else "benchmark")
-    if EVALUATED not in curves:
-        curves = curves.assign(**{EVALUATED: pd.NA})
-    for dataset, rows in curves[curves[EVALUATED].isna()].groupby("dataset") if "dataset" in curves else ():
+    return with_evaluated(curves.assign(source=curves.source.fillna("benchmark") if "source" in curves
+                                        else "benchmark"))
+
+
+def with_evaluated(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows that do not name the images they were counted on (EVALUATED), from a cell or an older
+    file: both evaluate on the dataset's whole test split, so a dataset's rows name it where every
+    one of its accuracies is a count of it (else they stay unnamed, judged as the decimals stored)."""
+    if EVALUATED not in frame:
+        frame = frame.assign(**{EVALUATED: pd.NA})
+    for dataset, rows in frame[frame[EVALUATED].isna()].groupby("dataset") if "dataset" in frame else ():
         if counted_on(rows.test_acc, TEST_IMAGES.get(dataset)):
-            curves.loc[rows.index, EVALUATED] = TEST_IMAGES[dataset]
-    return curves
-
-
-def counted_on(accuracies, n: int | None) -> bool:
-    """Is every accuracy (points, stored to 3 decimals) a count of n images? (None of them: no.)"""
-    values = [float(a) for a in accuracies]
-    return (bool(n) and bool(values) and all(math.isfinite(a) for a in values)
-            and all(abs(a * n / 100 - round(a * n / 100)) * 100 / n <= 0.0005 + 1e-9 for a in values))
+            frame.loc[rows.index, EVALUATED] = TEST_IMAGES[dataset]
+    return frame
 
 
 def with_cells(curves: pd.DataFrame, cells: Path, arms: list[str], seeds: list[int]) -> pd.DataFrame:
@@ -282,10 +279,9 @@ def pipeline_check(curves: pd.DataFrame, cells: Path, tolerance: float) -> str:
     if not here.empty:
         text += "\n" + same_runs(here, cells_curves(cells, arms, seeds), f"{cells}; {where}") + "\n"
     if 2 * b in set(final.budget) and not ((curves.budget == b) & (source == PIPELINE)).any():
-        cells_final = pd.DataFrame([{"init": arm, "budget": b, "seed": s, "epoch": b, "test_acc": ran[arm, s][1]}
-                                    for arm in arms for s in seeds])
-        whole = TEST_IMAGES["digits"]
-        cells_final[EVALUATED] = whole if counted_on(cells_final.test_acc.round(3), whole) else pd.NA
+        cells_final = with_evaluated(pd.DataFrame([{"dataset": "digits", "init": arm, "budget": b, "seed": s,
+                                                    "epoch": b, "test_acc": ran[arm, s][1]}
+                                                   for arm in arms for s in seeds]))
         moves = doubling_moves(pd.concat([cells_final, final[final.budget == 2 * b]], ignore_index=True))[b]
         worst = max(moves, key=lambda i: abs(moves[i]))
         text += (f"\nThe pipeline's own cells at {b} epochs (`dvc repro`, {cells}, seeds {seeds}; {where}) "

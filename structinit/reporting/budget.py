@@ -52,6 +52,19 @@ def exact_accuracy(acc: float, evaluated=None) -> Fraction:
     return exact
 
 
+def counted_on(accuracies, n: int | None) -> bool:
+    """Is every accuracy a count of n images, as exact_accuracy reads it? (None of them: no.)"""
+    values = list(accuracies)
+    if not n or not values:
+        return False
+    try:
+        for acc in values:
+            exact_accuracy(acc, n)
+    except CorruptFileError:
+        return False
+    return True
+
+
 def exact_accuracies(finals: pd.DataFrame) -> list[Fraction]:
     """Each row's exact accuracy: in images where every row names its split (EVALUATED), else
     every row's stored decimal (a mix would judge a tie in two arithmetics at once)."""
