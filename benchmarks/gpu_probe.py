@@ -2,6 +2,8 @@
 
     python -m benchmarks.gpu_probe                              # on a GPU: benchmarks/gpu_probe-<card>-<commit>.md
     python -m benchmarks.gpu_probe --tiny --out /tmp/probe.md   # every part at toy sizes, on the CPU
+    python -m benchmarks.gpu_probe --skip a b c d e f g --fm-depths 4 3 2
+        # Fashion-MNIST's recipe at other depths alone: fashion_mnist_depths-<card>-<commit>.md in benchmarks/
 
 It writes one markdown file: the machine (card, driver, CUDA, torch, timm, the commit and whether
 the tree was dirty), then
@@ -34,8 +36,11 @@ the tree was dirty), then
       the cell's images/s, and from it the main grid's time on this card (its cells x the
       recipe's epochs x 60,000 images, plus each cell's first epoch and evaluations; the stages'
       start-ups are not in it); then one model of it trained alone (how a cell trains when the
-      plan says one after another): which way trains a cell's seeds faster. tools/fashion_mnist.py
-      measures the grid itself.
+      plan says one after another): which way trains a cell's seeds faster. With --fm-depths D...,
+      the recipe at each of those depths too (width and heads kept), and the main grid's time at
+      each as DVC runs it (adding the stages' own cost that the H200's grid record measured),
+      against the 10-minute target: what to cut the recipe to. tools/fashion_mnist.py measures
+      the grid itself.
 Timings exclude warm-up (on a GPU the trainer's torch.compile runs in its first epoch) and give
 min and median over repeats. The parts run in the order c, b, a, d, h, g, f, e (most wanted first). A
 part that fails writes its error (one line) and the others still run; each part has a share of
@@ -86,7 +91,7 @@ import torch.nn.functional as F
 from structinit.data.tensors import synthetic_data
 
 from tools.probe_file import (CARD_ROW, COMMIT_ROW, COMPILED_ROW, EAGER_ROW, ESTIMATE_ROW, FIRST_ROW, FLOPS_ROW,
-                              FM_ALONE_ROW, FM_GRID_ROW, FM_RATE_ROW,
+                              FM_ALONE_ROW, FM_DEEPEST_ROW, FM_DEPTHS_HEADING, FM_GRID_ROW, FM_RATE_ROW,
                               LAUNCHES_ROW, MATMUL_ROW, MODE_ROW, NOT_MEASURED, PEAK_ROW, PROBES, PROFILE_HEADINGS,
                               PROFILE_TOP, RATE_ROW, RATES_ROW, RATIO_ROW, SECTIONS, SHARE_COLUMN, STACK_ROW,
                               TINY_LABEL, TRAINER_ROW, probe_name)
@@ -125,6 +130,7 @@ class Sizes:
     fm_epochs: int = 3                 # (h): epoch 1 compiles and warms up, the others are the repeats
     fm_batch: int | None = None        # (h): None: the recipe's (512)
     fm_model: dict | None = None       # (h): overrides of the recipe's model (tiny: a toy ViT)
+    fm_depths: tuple = ()              # (h): other depths to train the recipe at (--fm-depths): the grid's time at each
     matmul_n: int = 8192
     matmul_repeats: int = 10
     matmul_inner: int = 5
@@ -147,7 +153,7 @@ TINY = Sizes(batch=16, model=dict(patch_size=8, embed_dim=24, depth=1, num_heads
              same_epochs=1, same_images=128, profile_batches=1, profile_digits_images=16, profile_digits_batch=16,
              matmul_n=256, matmul_repeats=3, matmul_inner=2,
              fm_images=64, fm_test=16, fm_epochs=2, fm_batch=16,
-             fm_model=dict(patch_size=7, embed_dim=12, depth=1, num_heads=3),
+             fm_model=dict(patch_size=7, embed_dim=12, depth=1, num_heads=3), fm_depths=(2,),
              tests=("tests/test_distributed_plan.py",), torchrun_train_images=0,
              # the plan's own tests; the two-process one starts processes (15 s on 2 cores)
              test_filter="not two_processes", budget=240.0,
@@ -643,10 +649,64 @@ def part_digits(device, sizes: Sizes, state: dict) -> str:
         ["final test acc per seed, %", accs], ["how the trainer trained", how_it_trained(said) or "-"]])
 
 
-def part_fashion_mnist(device, sizes: Sizes, state: dict) -> str:
+# What the main grid pays per stage beyond its epochs, measured where a GPU ran the grid
+# (benchmarks/fashion_mnist_grid-h200-17f4fe7, derived in its README and docs/fashion-mnist.md):
+# DVC, the process start, the data, the memory estimate and saving, ~30 s a stage; and a later
+# stage's epoch 1 beyond a later epoch (Inductor's cache holds the graph), ~5 s. The probe
+# measures neither (it trains in one process); (h)'s depth rows add them to its own rates.
+FM_STAGE_SECONDS, FM_CACHED_FIRST_SECONDS = 30.0, 5.0
+# (h)'s expected and longest seconds per depth of --fm-depths: a cold compile (~33 s for the
+# recipe on the H200) and fm_epochs epochs of fm_images (~2.5 s each at the H200's rate)
+FM_DEPTH_SECONDS = (45, 75)
+FM_TARGET_MINUTES = 10.0               # issue 51: the main grid on one H100-class GPU as DVC runs it
+
+
+def fm_cell(model_cfg: dict, seeds: list[int], cfgs: list, data, device, spec) -> dict:
+    """One cell of the Fashion-MNIST recipe at `model_cfg` as the trainer trains it (its seeds
+    stacked, or one after another where it plans so), Trunc Normal: its training images/s
+    (epochs 2 and later, median), test-set seconds per epoch (median, on the probe's test
+    images), epoch 1's seconds beyond a later one, and the trainer's account."""
     import structinit as si
-    from structinit.data.specs import TEST_IMAGES, TRAIN_IMAGES, get_spec
     from structinit.pipeline.build import build_model
+
+    models = [build_model(model_cfg, spec) for _ in seeds]
+    for model, seed in zip(models, seeds):
+        si.initialize(model, "trunc_normal", seed=seed)
+    histories, said = train_and_listen(models, data, cfgs, device, echo=False)
+    one_by_one = "one after another" in said
+    runs = histories if one_by_one else histories[:1]        # stacked: each history has the stack's time
+    epochs = len(runs[0])
+
+    def summed(epoch, key):
+        return sum(h[epoch][key] for h in runs)
+    train_s = [summed(e, "train_seconds") for e in range(1, epochs)]
+    evaluate_s = [summed(e, "seconds") - summed(e, "train_seconds") for e in range(1, epochs)]
+    first_extra = summed(0, "seconds") - statistics.median(train_s) - statistics.median(evaluate_s)
+    return {"rate": len(data.train_labels) / statistics.median(train_s), "evaluate": statistics.median(evaluate_s),
+            "first_extra": first_extra, "said": said, "one_by_one": one_by_one}
+
+
+def fm_grid_seconds(cell: dict, cells: int, epochs: int, test_images: int, *, as_dvc_runs_it: bool) -> float:
+    """The main grid's seconds at a cell's measured rate: every epoch's training on the full set
+    and its evaluation of the full test set (measured on test_images, scaled). Its cells alone
+    (as_dvc_runs_it False): each cell's epoch 1 as measured here (cold). As DVC runs it: one cold
+    epoch 1, the later stages' cached one, and every stage's own cost (FM_STAGE_SECONDS)."""
+    from structinit.data.specs import TEST_IMAGES, TRAIN_IMAGES
+
+    epoch = TRAIN_IMAGES["fashion_mnist"] / cell["rate"] + cell["evaluate"] * TEST_IMAGES["fashion_mnist"] / test_images
+    first = max(cell["first_extra"], 0.0)
+    if not as_dvc_runs_it:
+        return cells * (epochs * epoch + first)
+    return cells * (epochs * epoch + FM_STAGE_SECONDS) + first + (cells - 1) * min(first, FM_CACHED_FIRST_SECONDS)
+
+
+def deepest_fitting(minutes: dict[int, float], target: float = FM_TARGET_MINUTES) -> int | None:
+    """The deepest depth whose grid takes at most `target` minutes ({depth: minutes}); None: none does."""
+    return max((d for d, m in minutes.items() if m <= target), default=None)
+
+
+def part_fashion_mnist(device, sizes: Sizes, state: dict) -> str:
+    from structinit.data.specs import TEST_IMAGES, TRAIN_IMAGES, get_spec
     from structinit.pipeline.cells import main_inits
 
     params, _, train = load_recipe("fashion_mnist", Sizes())          # the recipe's own model
@@ -654,56 +714,74 @@ def part_fashion_mnist(device, sizes: Sizes, state: dict) -> str:
     spec, seeds, epochs = get_spec("fashion_mnist"), params["grid"]["seeds"], sizes.fm_epochs
     batch = sizes.fm_batch or train["batch_size"]
     data = synthetic_data(spec, sizes.fm_images, sizes.fm_test)
-    models = [build_model(model_cfg, spec) for _ in seeds]
-    for model, seed in zip(models, seeds):
-        si.initialize(model, "trunc_normal", seed=seed)
     cfgs = [train_config(train, epochs=epochs, batch_size=batch, warmup_epochs=1, eval_every=1, seed=s)
             for s in seeds]
-    histories, said = train_and_listen(models, data, cfgs, device, echo=False)
-    one_by_one = "one after another" in said
-    runs = histories if one_by_one else histories[:1]        # stacked: each history has the stack's time
-
-    def summed(epoch, key):
-        return sum(h[epoch][key] for h in runs)
-    train_s = [summed(e, "train_seconds") for e in range(1, epochs)]
-    evaluate_s = [summed(e, "seconds") - summed(e, "train_seconds") for e in range(1, epochs)]
-    first_extra = summed(0, "seconds") - statistics.median(train_s) - statistics.median(evaluate_s)
-    rate = sizes.fm_images / statistics.median(train_s)
     recipe_epochs, cells = train["epochs"], len(main_inits(params))
-    # a cell: every epoch's training at the measured rate on the full set, its evaluation of the
-    # full test set (measured on fm_test images, scaled), and the first epoch's warm-up
-    per_cell = (recipe_epochs * TRAIN_IMAGES["fashion_mnist"] / rate
-                + recipe_epochs * statistics.median(evaluate_s) * TEST_IMAGES["fashion_mnist"] / sizes.fm_test
-                + max(first_extra, 0.0))
-    state["fashion_mnist_grid_min"] = cells * per_cell / 60
-    log(f"(h) {rate:,.0f} cell images/s; the main grid's cells {cells * per_cell / 60:.1f} min")
+    cell = fm_cell(model_cfg, seeds, cfgs, data, device, spec)
+    rate, one_by_one = cell["rate"], cell["one_by_one"]
+    grid_min = fm_grid_seconds(cell, cells, recipe_epochs, sizes.fm_test, as_dvc_runs_it=False) / 60
+    state["fashion_mnist_grid_min"] = grid_min
+    log(f"(h) {rate:,.0f} cell images/s; the main grid's cells {grid_min:.1f} min")
     # the same recipe, one model alone: how a cell trains when the plan says one after another.
     # The plan stacks below FILLS_A_GPU_FLOPS per model-step, a threshold no GPU has measured
     # for this size; this row says whether stacking is the faster way here.
-    single = build_model(model_cfg, spec)
-    si.initialize(single, "trunc_normal", seed=seeds[0])
-    alone, _ = train_and_listen([single], data, cfgs[:1], device, echo=False)
-    alone_rate = sizes.fm_images / statistics.median(alone[0][e]["train_seconds"] for e in range(1, epochs))
+    alone_rate = fm_cell(model_cfg, seeds[:1], cfgs[:1], data, device, spec)["rate"]
     planned_rate = rate * len(seeds)                 # model-images/s of the cell as the trainer planned it
     planned = "one after another, as planned" if one_by_one else "stacked"
     faster = planned if planned_rate >= alone_rate else "one model alone"
     log(f"(h) one model alone {alone_rate:,.0f} images/s against {planned_rate:,.0f} model-images/s ({planned})")
-    return (f"recipes.fashion_mnist ({model_cfg}), {len(seeds)} seeds stacked as a cell (trunc_normal), batch "
+    body = (f"recipes.fashion_mnist ({model_cfg}), {len(seeds)} seeds stacked as a cell (trunc_normal), batch "
             f"{batch}, {sizes.fm_images:,} synthetic training images and {sizes.fm_test:,} test images per "
             f"epoch, {epochs} epochs (evaluation every epoch).\n\n"
             + table(["what", "value"], [
                 [FM_RATE_ROW, n(rate)],
                 ["model-images/s (x seeds)", n(rate * len(seeds))],
-                ["evaluation of the test set, s per epoch: median", f"{statistics.median(evaluate_s):.2f}"],
-                ["epoch 1 beyond a later one (compile, warm-up), s", f"{first_extra:.1f}"],
-                [FM_GRID_ROW, f"{cells * per_cell / 60:.1f}"],
+                ["evaluation of the test set, s per epoch: median", f"{cell['evaluate']:.2f}"],
+                ["epoch 1 beyond a later one (compile, warm-up), s", f"{cell['first_extra']:.1f}"],
+                [FM_GRID_ROW, f"{grid_min:.1f}"],
                 ["the grid", f"{cells} cells x {recipe_epochs} epochs x {TRAIN_IMAGES['fashion_mnist']:,} images, "
                              f"the test set ({TEST_IMAGES['fashion_mnist']:,}) every epoch"],
-                ["how the trainer trained", how_it_trained(said) or "-"],
+                ["how the trainer trained", how_it_trained(cell["said"]) or "-"],
                 [FM_ALONE_ROW, n(alone_rate)],
                 ["the faster way to train a cell's seeds (model-images/s)",
                  f"{faster} ({n(max(planned_rate, alone_rate))} against {n(min(planned_rate, alone_rate))})"
                  + ("; stacking was not measured (the trainer planned one after another)" if one_by_one else "")]]))
+    if not sizes.fm_depths:
+        return body
+    # the recipe at other depths (--fm-depths), its width and heads kept: the softness law's
+    # held-out check covers the shape by its grid, width and heads (depth does not enter it)
+    rows, fits = [], {}
+    for depth in dict.fromkeys([model_cfg["depth"], *sizes.fm_depths]):
+        if depth == model_cfg["depth"]:
+            at = cell
+        else:
+            # compiled afresh, as a stage's process compiles it (not from this process's graphs,
+            # nor with the model count dynamic after the one-model cell); the cold compile is
+            # charged as at least the recipe's, whose first compile nothing cached
+            torch.compiler.reset()
+            at = fm_cell({**model_cfg, "depth": depth}, seeds, cfgs, data, device, spec)
+        charged = {**at, "first_extra": max(at["first_extra"], cell["first_extra"])}
+        cells_min = fm_grid_seconds(charged, cells, recipe_epochs, sizes.fm_test, as_dvc_runs_it=False) / 60
+        dvc_min = fm_grid_seconds(charged, cells, recipe_epochs, sizes.fm_test, as_dvc_runs_it=True) / 60
+        fits[depth] = dvc_min
+        rows.append([depth, n(at["rate"]), f"{at['first_extra']:.1f}", f"{cells_min:.1f}", f"{dvc_min:.1f}",
+                     "yes" if dvc_min <= FM_TARGET_MINUTES else "no"])
+        log(f"(h) depth {depth}: {at['rate']:,.0f} cell images/s; the grid as DVC runs it ~{dvc_min:.1f} min")
+    state["fashion_mnist_depths_min"] = fits
+    deepest = deepest_fitting(fits)
+    return (body + f"\n{FM_DEPTHS_HEADING}\n\nThe recipe at other depths (`--fm-depths`; width "
+            f"{model_cfg['embed_dim']} and {model_cfg['num_heads']} heads kept, so the softness law's held-out "
+            f"check still covers the shape), each trained as above and compiled afresh; its epoch 1 is charged "
+            f"as at least the recipe's (the first compile of this process, from an empty in-memory cache). As DVC "
+            f"runs it: its cells, one cold epoch 1 "
+            f"(the later stages' ~{FM_CACHED_FIRST_SECONDS:.0f} s, Inductor's cache warm) and "
+            f"~{FM_STAGE_SECONDS:.0f} s per stage (DVC, the process start, the data, the memory estimate, saving: "
+            "derived from the H200's grid record, benchmarks/fashion_mnist_grid-h200-17f4fe7; not measured here) "
+            f"at the recipe's {recipe_epochs} epochs (provisional).\n\n"
+            + table(["depth", "cell images/s", "epoch 1 beyond a later one, s", "the grid's cells, min",
+                     "the grid as DVC runs it, min", f"<= {FM_TARGET_MINUTES:g} min"], rows)
+            + "\n" + (f"{FM_DEEPEST_ROW}: {deepest}\n" if deepest is not None
+                      else f"{FM_DEEPEST_ROW}: none of these\n"))
 
 
 # ---- (g) where the time goes: one epoch of the trainer under torch.profiler --------------------
@@ -1036,12 +1114,27 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="toy sizes on the CPU: tests the probe, measures nothing")
     ap.add_argument("--budget", type=float, help="seconds for the whole probe (default 360; tiny 240)")
     ap.add_argument("--skip", nargs="*", default=[], choices=list("abcdefgh"), help="parts not to run")
+    ap.add_argument("--fm-depths", nargs="+", type=int, metavar="DEPTH",
+                    help="(h) also trains Fashion-MNIST's recipe at these depths and gives the main grid's time at "
+                         "each as DVC runs it (what to cut the recipe to: docs/fashion-mnist.md)")
     ap.add_argument("--torchrun-job", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.torchrun_job:
         return torchrun_job(a.tiny)
     sizes = TINY if a.tiny else Sizes()
-    budget = a.budget or sizes.budget
+    if a.fm_depths:
+        bad = [d for d in a.fm_depths if d < 1]
+        if bad:
+            ap.error(f"--fm-depths {' '.join(map(str, a.fm_depths))}: depths are positive whole numbers (not {bad})")
+        if "h" in a.skip:
+            ap.error("--fm-depths is part (h): do not skip h")
+        a.fm_depths = list(dict.fromkeys(a.fm_depths))
+        # each depth is one more cell's compile and epochs: (h)'s share grows by as much
+        parts = tuple((k, e + FM_DEPTH_SECONDS[0] * len(a.fm_depths), cap + FM_DEPTH_SECONDS[1] * len(a.fm_depths))
+                      if k == "h" else (k, e, cap) for k, e, cap in sizes.parts)
+        sizes = dataclasses.replace(sizes, fm_depths=tuple(a.fm_depths), parts=parts)
+    # the depths' time is added to the budget, so the other parts keep their shares
+    budget = a.budget or sizes.budget + FM_DEPTH_SECONDS[1] * len(sizes.fm_depths if a.fm_depths else ())
     import structinit as si
     device = si.default_device()
     if a.tiny:
@@ -1052,8 +1145,16 @@ def main():
     # a tiny file is no measurement: its default name (gpu_probe_<slug>) is outside the committed
     # probe files' pattern (gpu_probe-<card>-<commit>)
     slug = "tiny-cpu"
-    out = Path(a.out) if a.out else PROBES / (f"gpu_probe_{slug}.md" if a.tiny else probe_name(card, commit))
-    command = "python -m benchmarks.gpu_probe" + (" --tiny" if a.tiny else "") + (f" --out {a.out}" if a.out else "")
+    # --fm-depths: a file of its own (the sizing of Fashion-MNIST's recipe), outside the probe
+    # files gpu_hours prices from
+    default = f"gpu_probe_{slug}.md" if a.tiny else probe_name(card, commit)
+    if a.fm_depths and not a.tiny:
+        default = default.replace("gpu_probe-", "fashion_mnist_depths-", 1)
+    out = Path(a.out) if a.out else PROBES / default
+    command = ("python -m benchmarks.gpu_probe" + (" --tiny" if a.tiny else "")
+               + (f" --skip {' '.join(a.skip)}" if a.skip else "")
+               + (f" --fm-depths {' '.join(map(str, a.fm_depths))}" if a.fm_depths else "")
+               + (f" --out {a.out}" if a.out else ""))
     label = TINY_LABEL if a.tiny else f"{card}, torch {torch.__version__}, project at {commit}"
     log(f"{label}; writing {out}; budget {budget:.0f} s")
     bodies, state = {}, {}

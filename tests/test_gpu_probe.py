@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tools.probe_file import (COMPILED_ROW, EAGER_ROW, FM_ALONE_ROW, FM_GRID_ROW, FM_RATE_ROW, LAUNCHES_ROW,
+from tools.probe_file import (COMPILED_ROW, EAGER_ROW, FM_ALONE_ROW, FM_DEEPEST_ROW, FM_DEPTHS_HEADING, FM_GRID_ROW,
+                              FM_RATE_ROW, LAUNCHES_ROW,
                               NOT_MEASURED, PRICED,
                               PROFILE_HEADINGS, PROFILE_TOP, RATE_ROW, REQUIRED_SECTIONS, SECTIONS, SHARE_COLUMN,
                               STACK_ROW, TINY_LABEL, TRAINER_ROW, ProbeFileError, number, parse_tables, probe_files,
@@ -64,12 +65,64 @@ def test_the_tiny_run_writes_every_part_with_numbers(tiny):
     # the same cell with the step's CUDA graph off: both timed (on the CPU neither captures)
     assert re.fullmatch(r"\d+\.\d\dx", digits["the whole-step graph's gain per epoch (median off / median on)"])
     assert "| the same bytes | yes |" in parts[SECTIONS["f"]]
-    fm = {row["what"]: row["value"] for row in tables[SECTIONS["h"]]}
+    fm = {row["what"]: row["value"] for row in tables[SECTIONS["h"]] if "what" in row}
     assert number(fm[FM_RATE_ROW]) > 0 and number(fm[FM_GRID_ROW]) > 0
     assert "6 cells x 20 epochs x 60,000 images" in fm["the grid"]       # params.yaml's grid and recipe
     assert number(fm[FM_ALONE_ROW]) > 0                                   # one model alone, for the plan
     way = fm["the faster way to train a cell's seeds (model-images/s)"]
     assert way.startswith(("stacked (", "one model alone (")), way           # the CPU stacks: both measured
+
+
+def test_the_tiny_run_prices_the_fashion_mnist_grid_at_other_depths(tiny):
+    """(h) with --fm-depths (TINY's: 2, beside its toy recipe's 1): a row per depth, measured, the
+    grid as DVC runs it adding every stage's own cost to the cells', and the deepest that fits."""
+    from benchmarks.gpu_probe import FM_STAGE_SECONDS, FM_TARGET_MINUTES
+
+    body = bodies(tiny)[SECTIONS["h"]]
+    assert FM_DEPTHS_HEADING in body
+    rows = [row for row in parse_tables(tiny)[SECTIONS["h"]] if "depth" in row]
+    assert [row["depth"] for row in rows] == ["1", "2"]
+    for row in rows:
+        assert number(row["cell images/s"]) > 0, row
+        cells, dvc = number(row["the grid's cells, min"]), number(row["the grid as DVC runs it, min"])
+        # 6 stages' own cost at least (the tiny cells' epochs are a fraction of a second)
+        assert dvc >= cells - 0.1 and dvc >= 6 * FM_STAGE_SECONDS / 60 - 0.1, row
+        assert row[f"<= {FM_TARGET_MINUTES:g} min"] == ("yes" if dvc <= FM_TARGET_MINUTES else "no")
+    fitting = [int(row["depth"]) for row in rows if row[f"<= {FM_TARGET_MINUTES:g} min"] == "yes"]
+    assert f"{FM_DEEPEST_ROW}: {max(fitting) if fitting else 'none of these'}\n" in body
+
+
+def test_the_deepest_fitting_depth_is_the_largest_within_the_target_in_any_order():
+    from benchmarks.gpu_probe import deepest_fitting
+
+    # the rows come recipe first, then --fm-depths as given (4 3 2): the deepest, not the last
+    assert deepest_fitting({6: 19.0, 4: 9.5, 3: 8.0, 2: 6.1}) == 4
+    assert deepest_fitting({6: 10.0, 2: 3.0}) == 6                   # the target itself fits
+    assert deepest_fitting({6: 10.01, 3: 10.5}) is None
+    assert deepest_fitting({2: 6.0, 5: 9.0, 3: 12.0}, target=8.0) == 2
+
+
+def test_the_grid_time_as_dvc_runs_it_adds_the_stages_and_one_cold_compile():
+    from benchmarks.gpu_probe import FM_CACHED_FIRST_SECONDS, FM_STAGE_SECONDS, fm_grid_seconds
+
+    # 60,000 images at 6,000/s: 10 s an epoch; the test set's 10,000 measured as 1 s on 2,000
+    cell = {"rate": 6000.0, "evaluate": 1.0, "first_extra": 33.0}
+    epoch = 10 + 5
+    assert fm_grid_seconds(cell, 6, 20, 2000, as_dvc_runs_it=False) == pytest.approx(6 * (20 * epoch + 33))
+    assert fm_grid_seconds(cell, 6, 20, 2000, as_dvc_runs_it=True) == pytest.approx(
+        6 * (20 * epoch + FM_STAGE_SECONDS) + 33 + 5 * FM_CACHED_FIRST_SECONDS)
+    # a first epoch that costs less than a cached one is charged as measured
+    cheap = dict(cell, first_extra=1.0)
+    assert fm_grid_seconds(cheap, 6, 20, 2000, as_dvc_runs_it=True) == pytest.approx(
+        6 * (20 * epoch + FM_STAGE_SECONDS) + 1 + 5 * 1)
+
+
+@pytest.mark.parametrize("args, said", [(["--fm-depths", "0", "3"], "--fm-depths 0 3: depths are positive"),
+                                         (["--fm-depths", "3", "--skip", "h"], "do not skip h")])
+def test_fm_depths_refuses_what_cannot_run(args, said):
+    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu_probe", "--tiny", *args, "--out", os.devnull], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and said in r.stderr, r.stderr[-500:]
 
 
 def test_gpu_hours_refuses_a_tiny_file(tiny, tmp_path):

@@ -64,6 +64,8 @@ NOT_MEASURED = "not measured"
 FM_RATE_ROW = "cell images/s (every seed stacked), epochs 2 and later: median"
 FM_ALONE_ROW = "model-images/s, one model of the recipe alone (as a cell trains one after another): median"
 FM_GRID_ROW = "the main grid's cells, min (training and evaluation; stage start-ups not included)"
+FM_DEPTHS_HEADING = "### The recipe at other depths: the main grid's time as DVC runs it"   # (h), --fm-depths
+FM_DEEPEST_ROW = "the deepest of these whose grid fits the target"
 
 
 def probe_name(card: str, commit: str) -> str:
