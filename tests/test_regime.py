@@ -3,6 +3,7 @@
 what it found in its output folder."""
 import csv
 import json
+import subprocess
 import sys
 
 import pytest
@@ -135,3 +136,26 @@ def test_the_refusal_keeps_dvc_s_error():
     assert why.endswith("ERROR: failed to reproduce 'train_baseline@digits-mimetic': [Errno 2] No such file: 'data/x'")
     assert "dry run stopped" not in stale_main_grid("Running stage 'train_impulse@digits-3':\n", 0)
     assert stale_main_grid("Running stage 'study_regime@x':\n", 0) is None
+
+
+def test_the_run_label_ignores_the_unfreeze_the_documented_command_makes(tmp_path):
+    """stages/regime.py labels its report "with uncommitted changes" for a change to any tracked
+    file but dvc.yaml, which the documented command rewrites (dvc unfreeze regime)."""
+    from stages.regime import uncommitted_changes
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+    git("init", "-q")
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub/code.py").write_text("x = 1\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "c")
+    assert not uncommitted_changes(tmp_path)
+    (tmp_path / "dvc.yaml").write_text("stages: {regime: {frozen: false}}\n")
+    (tmp_path / "untracked.txt").write_text("new\n")
+    assert not uncommitted_changes(tmp_path)
+    assert not uncommitted_changes(tmp_path / "sub")             # from a folder below, the whole checkout
+    (tmp_path / "sub/code.py").write_text("x = 2\n")
+    assert uncommitted_changes(tmp_path) and uncommitted_changes(tmp_path / "sub")
