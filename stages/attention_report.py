@@ -22,11 +22,13 @@ def main():
     ap.add_argument("--figures", default="reports/figures/attention")
     ap.add_argument("--epoch-budgets", default="results/evidence/epoch_budget",
                     help="the epoch_budget stage's folder: is the trained models' budget converged?")
+    ap.add_argument("--gpu-analysis", default="results/analysis_gpu",
+                    help="the GPU datasets' compact analyses (<dataset>.pt, stage analyze_gpu)")
     a = ap.parse_args()
     params = load_params()
     with stats.recording_conclusions() as conclusions:
         text = attention_report(params, Path(a.analysis), Path(a.results), Path(a.figures),
-                                Path(a.epoch_budgets))
+                                Path(a.epoch_budgets), Path(a.gpu_analysis))
     write_text(a.out, text)
     write_conclusions(a.out, stats.conclusions_record(Path(a.out).name, conclusions))
     print(text[:2000])

@@ -183,6 +183,39 @@ def test_attention_summary_cka_pairs_distances_and_the_untrained_caveat():
     assert mass["i"]["trained", "images"] == pytest.approx([0.04])
 
 
+def test_a_gpu_datasets_compact_analysis_gives_the_report_the_same_numbers_without_representations(tmp_path):
+    """attention_tables.compact keeps what the report reads (distances, masses, the first seed's
+    profiles) and the CKA matrices in place of the representations; expand gives them back as
+    the report's functions take them; through save_checked / load_checked as the stages write
+    and read it. The report refuses one of another grid than params.yaml's."""
+    from structinit.errors import StructinitError
+    from structinit.io import save_checked
+    from structinit.reporting import attention_tables as summary
+    from structinit.reporting.attention_report import load_gpu_analysis
+
+    g = torch.Generator().manual_seed(1)
+    runs = {(i, s): {"at_init": _fake_analysis(torch.randn(2, 40, 6, generator=g), 4.0, (0.3, 0.1)),
+                     "trained": _fake_analysis(torch.randn(2, 40, 6, generator=g), 3.0 + s, (0.2, 0.05 * (s + 1)))}
+            for i in ("a", "impulse3") for s in (0, 1)}
+    inits, seeds = ["a", "impulse3"], [0, 1]
+    save_checked(tmp_path / "ds.pt", summary.compact(runs, inits, seeds, images=40))
+    got = load_gpu_analysis(tmp_path / "ds.pt", "ds", inits, seeds)
+    back, (ivt, between) = got["runs"], got["cka"]
+    assert got["images"] == 40 and set(back) == set(runs)
+    assert all(back[k][st].representations is None for k in back for st in ("at_init", "trained"))
+    assert back["a", 0]["trained"].profile_images is not None and back["a", 1]["trained"].profile_images is None
+    for name, want in summary.cka_init_vs_trained(runs, inits, seeds).items():
+        assert np.array_equal(ivt[name], want)
+    assert list(between) == [("a", "impulse3")]
+    assert np.array_equal(between["a", "impulse3"], summary.cka_between_inits(runs, inits, seeds)["a", "impulse3"])
+    assert summary.distances(back, inits, seeds)["impulse3"]["trained", "images"].tolist() == [[3.0, 3.0],
+                                                                                             [4.0, 4.0]]
+    assert summary.target_mass(back, ["impulse3"], seeds) == summary.target_mass(runs, ["impulse3"], seeds)
+    with pytest.raises(StructinitError, match=r"seeds \[0, 1\]; the main grid \(params.yaml\) has \['a', "
+                                              r"'impulse3'\] and \[0, 1, 2\].*grid.gpu_datasets=\[\]"):
+        load_gpu_analysis(tmp_path / "ds.pt", "ds", inits, [0, 1, 2])
+
+
 def test_analyze_refuses_a_rebuild_that_is_not_the_trained_model(tmp_path):
     """The analysis rebuilds the model at init; if the training stage's init.json says otherwise
     (another init, seed or offsets), it stops instead of describing another model."""

@@ -57,10 +57,11 @@ def test_the_grid_runs_unfrozen_then_freezes_and_a_cpu_only_reads_it(tmp_path):
             assert (cell / "seed0/metrics.json").exists() and (cell / "seed1/metrics.json").exists()
         # frozen again: a CPU's repro of them trains nothing, and DVC reports them up to date
         stages = yaml.safe_load((s.repo / "dvc.yaml").read_text())["stages"]
-        gpu_stages = ("train_gpu_baseline", "train_gpu_impulse", "study_data_size_gpu")
+        gpu_stages = ("train_gpu_baseline", "train_gpu_impulse", "study_data_size_gpu", "analyze_gpu")
         assert all(stages[n]["frozen"] is True for n in gpu_stages)
         lock = yaml.safe_load((s.repo / "dvc.lock").read_text())["stages"]
         assert {"train_gpu_baseline@fashion_mnist-trunc_normal", "train_gpu_impulse@fashion_mnist-3",
+                "analyze_gpu@fashion_mnist",
                 "study_data_size_gpu@fashion_mnist-0.5-trunc_normal", "study_data_size_gpu@fashion_mnist-0.5-impulse3"
                 } <= set(lock)
         status = scratch.run_dvc(s.repo, "status", "train_gpu_baseline", "train_gpu_impulse", env=env,
@@ -100,6 +101,20 @@ def test_the_grid_runs_unfrozen_then_freezes_and_a_cpu_only_reads_it(tmp_path):
         assert set(out.summary) == {"digits", "fashion_mnist"}                 # dvc metrics: both columns
         assert out.summary["fashion_mnist"]["primary"]["n"] == 2
         assert "fashion_mnist" in set(out.runs.dataset)
+        # ... and the attention report's section, from the compact analysis alone (no weights, no
+        # representations here: a fresh clone's); the digits section needs the analyze stages'
+        # outputs, which a clone lacks, so this report is of the GPU dataset alone
+        from structinit.reporting.attention_report import attention_report
+
+        analysis = s.repo / "results/analysis_gpu/fashion_mnist.pt"
+        assert analysis.exists() and analysis.stat().st_size < 200_000
+        alone = {**params, "grid": {**params["grid"], "datasets": []}}
+        text = attention_report(alone, tmp_path / "no-analyses", s.repo / "results/train", tmp_path / "att",
+                                gpu_analysis=s.repo / "results/analysis_gpu")
+        assert "## fashion_mnist" in text and "is not analysed" not in text
+        assert "### CKA (test images)" in text and "analyze_gpu on the GPU machine for fashion_mnist" in text
+        assert (tmp_path / "att/cka_between_inits_fashion_mnist.png").exists()
+        assert "fashion_mnist: the paper's recipe" in text and "Computed in " in text
         # ... and the data-size study's: its own sizes, the 100 % points its main cells
         from structinit.reporting.study_reports import data_size
 

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tools import scratch
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -41,10 +43,10 @@ def tiny_repo_copy(root: Path) -> Path:
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO,
                            capture_output=True, text=True, check=True).stdout.split("\n")
     for f in filter(None, files):
-        if ((f.split("/")[0] in ("results", "reports", "dvc.lock", "artifacts", "models", "data", "logs")
-             and not f.startswith("results/evidence/")) or not (REPO / f).exists()):
+        if ((f.split("/")[0] in scratch.OUTPUTS and not f.startswith(scratch.FROZEN_OUTPUTS))
+                or not (REPO / f).exists()):
             continue                                   # start as if nothing had run yet; the frozen
-                                                       # evidence stages' committed outputs are inputs
+                                                       # stages' committed outputs are inputs
         (repo / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / f, repo / f)
     set_params(repo, **{"grid.baselines": ["trunc_normal"], "grid.kernels": [3, 5], "grid.seeds": [0, 1],

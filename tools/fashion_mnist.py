@@ -9,8 +9,10 @@
 
 --grid lists fashion_mnist in grid.gpu_datasets (params.yaml), writes dvc.yaml with the GPU
 datasets' stages unfrozen, runs `dvc repro` of its train_gpu_* stages (each trains one cell, every
-seed stacked, from datasets/fashion_mnist), writes dvc.yaml frozen again (so a CPU's `dvc repro`
-never trains them, and reports their committed cells), and writes the time, accuracies and card
+seed stacked, from datasets/fashion_mnist), then analyze_gpu (the cells' attention analysis,
+where their weights are: one compact file, results/analysis_gpu/fashion_mnist.pt), writes
+dvc.yaml frozen again (so a CPU's `dvc repro` never trains them, and reports their committed
+cells), and writes the time, accuracies and card
 to a file of benchmarks/ named after the card and commit; it prints what to commit (params.yaml,
 dvc.lock, the cells in results/train/ and results/studies/data_size/, that file); then `dvc
 repro` on any machine adds the column to the reports. --root runs it in another checkout (the suite's tiny copy).
@@ -266,7 +268,9 @@ def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) 
         # the primary contrast's cells first: a run cut short has the pair the paper's claim needs
         first = [i for i in (f"impulse{params['init']['kernel']}", "trunc_normal") if i in main_inits(params)]
         order = list(dict.fromkeys([*first, *main_inits(params)]))
-        groups = {"main grid": [main_stage("train", DATASET, init, params) for init in order]}
+        # then its attention analysis, where the weights are (a compact file for git: analyze_gpu)
+        groups = {"main grid": [main_stage("train", DATASET, init, params) for init in order],
+                  "attention analysis": [f"analyze_gpu@{DATASET}"]}
         cells_of = {main_stage("train", DATASET, init, params): f"results/train/{main_cell(DATASET, init)}"
                     for init in order}
         if not main_only:
@@ -303,7 +307,7 @@ def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) 
         for seed in params["grid"]["seeds"]:
             acc = final_accuracy(root / "results/train" / main_cell(DATASET, init) / f"seed{seed}" / "metrics.json")
             rows.append([init, seed, "-" if acc is None else f"{acc:.2f}"])
-    cells = list(cells_of.values()) + ([] if main_only else [
+    cells = list(cells_of.values()) + [f"results/analysis_gpu/{DATASET}.pt"] + ([] if main_only else [
         f"results/studies/data_size/{study_cell(DATASET, f, i)}"
         for f in size["gpu"]["fractions"] for i in size["inits"]])
     name = f"fashion_mnist_grid-{card_slug(info['card'])}-{info['commit'].split()[0]}.md"
@@ -322,7 +326,7 @@ def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) 
             f"Machine: {info['card']} ({info['device']}), torch {info['torch']}, commit {info['commit']}"
             f"{'; this run listed it in params.yaml' if listed and finished else ''}. `dvc repro` exit {code}.\n\n"
             + tabulate([[g, len(groups[g]), f"{seconds[g] / 60:.1f}"] for g in seconds],
-                       headers=["stages", "cells", "min (dvc repro, stage start-ups included)"], tablefmt="github")
+                       headers=["what", "stages", "min (dvc repro, stage start-ups included)"], tablefmt="github")
             + "\n\nEach stage in the order run: its wall seconds (`dvc repro <stage>`); in its process, the "
               "seconds before training (the interpreter, imports, data, models, Q/K solve), training (the "
               "stacking plan and memory estimate, the data to the device, the epochs, checkpoints), of which "

@@ -35,9 +35,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 # what the pipeline writes, by first path component: a copy without them is as if nothing had run
 OUTPUTS = ("results", "reports", "dvc.lock", "artifacts", "models", "data", "logs")
-# but the frozen evidence stages' committed outputs are inputs: `dvc repro` fails on a frozen stage
-# whose outputs are missing, and a copy cannot remake them in hours (structinit/evidence)
-FROZEN_OUTPUTS = "results/evidence/"
+# but the frozen stages' committed outputs are inputs: `dvc repro` fails on a frozen stage whose
+# outputs are missing, and a copy cannot remake them in hours (structinit/evidence), nor a GPU's
+# analyses without its weights (results/analysis_gpu: its README holds the folder the attention
+# report depends on before any GPU dataset is analysed)
+FROZEN_OUTPUTS = ("results/evidence/", "results/analysis_gpu/")
 
 
 class Scratch:

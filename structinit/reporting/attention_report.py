@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from structinit.analysis.model import ModelAnalysis
+from structinit.errors import StructinitError
 from structinit.io import MissingFileError, load_checked
 from structinit.pipeline import cells
 from structinit.pipeline.cells import impulse_kernel, main_cell, main_stage, seed_dir
@@ -22,7 +23,7 @@ from structinit.reporting.figures import attention as attention_fig
 from structinit.reporting.figures import cka as cka_fig
 from structinit.reporting.figures.style import save_figure
 from structinit.reporting.presentation import init_label
-from structinit.reporting.runs import ran_with
+from structinit.reporting.runs import ran_with_by_dataset
 
 
 def load_run(analysis: Path, ds: str, init: str, seed: int) -> dict:
@@ -32,8 +33,25 @@ def load_run(analysis: Path, ds: str, init: str, seed: int) -> dict:
     return {s: ModelAnalysis.from_dict(d[s]) for s in summary.STATES}
 
 
-def dataset_section(ds, analysis: Path, figures: Path, *, inits, impulse_inits, seeds, images: int) -> str:
-    runs = {(i, s): load_run(analysis, ds, i, s) for i in inits for s in seeds}
+def load_gpu_analysis(path: Path, ds: str, inits: list[str], seeds: list[int]) -> dict:
+    """A GPU dataset's compact analysis (stages/analyze_gpu.py), checked to be of the main grid
+    as params.yaml has it: {"runs", "cka", "images"} for dataset_section."""
+    d = load_checked(path, f"{ds}'s attention analysis: made on the GPU machine by "
+                           f"dvc repro analyze_gpu@{ds} (docs/fashion-mnist.md)")
+    if d["inits"] != list(inits) or d["seeds"] != list(seeds):
+        raise StructinitError(
+            f"{path} analyses initializers {d['inits']} and seeds {d['seeds']}; the main grid (params.yaml) has "
+            f"{list(inits)} and {list(seeds)}. A GPU dataset's cells are at the settings they were trained at: "
+            f"run this with -S 'grid.gpu_datasets=[]', or re-run its grid on a GPU (docs/fashion-mnist.md)")
+    runs, init_vs_trained, between = summary.expand(d)
+    return {"runs": runs, "cka": (init_vs_trained, between), "images": d["images"]}
+
+
+def dataset_section(ds, runs: dict, figures: Path, *, inits, impulse_inits, seeds, images: int,
+                    cka: tuple[dict, dict] | None = None) -> str:
+    """One dataset's section. runs: (init, seed) -> {state: ModelAnalysis}; cka: the CKA
+    matrices (init vs trained, between inits) where they were computed already (a GPU
+    dataset's compact analysis, whose runs hold no representations)."""
     first = runs[inits[0], seeds[0]]["at_init"]
     gh = (first.profile_images.shape[-2] + 1) // 2
     gw = (first.profile_images.shape[-1] + 1) // 2
@@ -50,8 +68,8 @@ def dataset_section(ds, analysis: Path, figures: Path, *, inits, impulse_inits, 
     dist = summary.distances(runs, inits, seeds)
     save_figure(attention_fig.distance_plot(dist, uniform, first.distance_images.shape[0]),
                 figures / f"mean_distance_{ds}.png")
-    init_vs_trained = summary.cka_init_vs_trained(runs, inits, seeds)
-    between = summary.cka_between_inits(runs, inits, seeds)
+    init_vs_trained, between = cka or (summary.cka_init_vs_trained(runs, inits, seeds),
+                                       summary.cka_between_inits(runs, inits, seeds))
     save_figure(cka_fig.init_vs_trained_figure(init_vs_trained, len(seeds), ds),
                 figures / f"cka_init_vs_trained_{ds}.png")
     save_figure(cka_fig.between_inits_figure(between, inits, len(seeds), ds),
@@ -121,16 +139,20 @@ def dataset_section(ds, analysis: Path, figures: Path, *, inits, impulse_inits, 
 
 
 def attention_report(params: dict, analysis: Path, results: Path, figures: Path,
-                     epoch_budgets: Path | None = None) -> str:
+                     epoch_budgets: Path | None = None, gpu_analysis: Path | None = None) -> str:
     """The report's markdown; writes its figures under `figures`. analysis: the analyze stages'
     folder; results: the trained cells' (their logged dtype and CPU, for "What ran");
     epoch_budgets: the epoch evidence's folder (results/evidence/epoch_budget), whether
-    the trained models' budget is converged."""
+    the trained models' budget is converged; gpu_analysis: the folder of the GPU datasets'
+    compact analyses (<dataset>.pt, stage analyze_gpu), a section each where one is there."""
     analysis, results, figures = Path(analysis), Path(results), Path(figures)
     grid = params["grid"]
     inits = cells.main_inits(params)
     impulse_inits = [i for i in inits if impulse_kernel(i)]
-    gpu = cells.gpu_datasets(params)        # trained by a GPU in frozen stages, not analysed yet
+    gpu = cells.gpu_datasets(params)        # trained by a GPU in frozen stages, analysed there (analyze_gpu)
+    gpu_files = {ds: Path(gpu_analysis) / f"{ds}.pt" for ds in gpu if gpu_analysis is not None}
+    gpu_done = [ds for ds in gpu if ds in gpu_files and gpu_files[ds].exists()]
+    gpu_runs = {ds: load_gpu_analysis(gpu_files[ds], ds, inits, grid["seeds"]) for ds in gpu_done}
     analysed = [(d, i, s) for d, i, s in cells.main_runs(params) if d not in gpu]
     missing = [str(seed_dir(analysis / main_cell(d, i), s)) + ".pt"
                for d, i, s in analysed
@@ -140,19 +162,28 @@ def attention_report(params: dict, analysis: Path, results: Path, figures: Path,
     first_run = lambda ds: seed_dir(analysis / main_cell(ds, inits[0]), grid["seeds"][0])  # noqa: E731
     images = {ds: load_checked(first_run(ds).with_suffix(".pt"),
                                "an attention analysis")["images"] for ds in grid["datasets"]}
-    sections = [dataset_section(ds, analysis, figures, inits=inits, impulse_inits=impulse_inits,
-                                seeds=grid["seeds"], images=images[ds]) for ds in grid["datasets"]]
+    sections = [dataset_section(ds, {(i, s): load_run(analysis, ds, i, s) for i in inits for s in grid["seeds"]},
+                                figures, inits=inits, impulse_inits=impulse_inits, seeds=grid["seeds"],
+                                images=images[ds]) for ds in grid["datasets"]]
+    sections += [dataset_section(ds, gpu_runs[ds]["runs"], figures, inits=inits, impulse_inits=impulse_inits,
+                                 seeds=grid["seeds"], images=gpu_runs[ds]["images"], cka=gpu_runs[ds]["cka"])
+                 for ds in gpu_done]
+    reported = [*grid["datasets"], *gpu_done]
     text = ("# Attention and representations: what each initializer does, at init and after training\n\n"
-            "What ran: " + report.what_ran(params, grid["datasets"], grid["seeds"], ran_with(
-                seed_dir(results / main_cell(d, i), s) for d, i, s in analysed))
+            "What ran: " + report.what_ran(params, reported, grid["seeds"], ran_with_by_dataset(
+                {ds: [seed_dir(results / main_cell(d, i), s) for d, i, s in cells.main_runs(params) if d == ds]
+                 for ds in reported}))
             + budget_sentences(read_budget_finals(epoch_budgets, grid["datasets"]),
-                               {ds: params["recipes"][ds]["train"]["epochs"] for ds in grid["datasets"]},
+                               {ds: params["recipes"][ds]["train"]["epochs"] for ds in reported},
                                init_label)
-            + "".join(f" {ds} (grid.gpu_datasets) is not analysed: a GPU dataset's stages train its cells "
-                      "only (docs/fashion-mnist.md)." for ds in gpu)
+            + "".join(f" {ds} (grid.gpu_datasets) is not analysed: its analysis (stage analyze_gpu, run on the "
+                      "GPU machine after its cells) is not here (docs/fashion-mnist.md)."
+                      for ds in gpu if ds not in gpu_done)
             + " The main grid's "
             "models (seed by seed), rebuilt at initialization and loaded trained, on the first "
-            "test images (stage analyze). Attention figures show the first seed; tables and "
+            "test images (stage analyze" + (", and analyze_gpu on the GPU machine for "
+                                            + ", ".join(gpu_done) if gpu_done else "")
+            + "). Attention figures show the first seed; tables and "
             "conclusions use every seed.\n\n"
             "How to read the attention figures: each small image is one head's attention by offset "
             "from the query (centre, +), averaged over queries: a structured-init head starts as a "

@@ -93,3 +93,45 @@ def barely_trained(init_vs_trained: dict, threshold: float = 0.95) -> list[str]:
     """Initializers whose every block kept its representation through training (CKA with itself
     at init >= threshold): their 'trained' rows describe the init, not what training made of it."""
     return [i for i, m in init_vs_trained.items() if float(np.diagonal(m).min()) >= threshold]
+
+
+# ---- a GPU dataset's analyses, compact: committed in git beside its cells -----------------------
+# A GPU dataset's weights stay on the GPU machine, so its analysis is made there (stages/analyze_gpu.py)
+# and committed. The per-seed files of a CPU dataset hold each block's representations of the test
+# images (for CKA): megabytes per seed. The compact form keeps what the report reads: every run's
+# distances, target masses, Q/K norms and offsets; the offset profiles of the first seed (the figures
+# draw it); and the CKA matrices, computed where the representations are, instead of them.
+
+def compact(runs, inits, seeds, images: int) -> dict:
+    """runs (init, seed) -> {state: ModelAnalysis} -> a dict of tensors and plain values (for
+    save_checked): the analyses without representations, profiles for seeds[0] alone, and the
+    report's CKA matrices (cka_init_vs_trained, cka_between_inits) in their place."""
+    import torch
+
+    def slim(analysis, first: bool) -> dict:
+        d = dict(analysis.to_dict(), representations=None)
+        if not first:
+            d.update(profile_pseudo=None, profile_images=None)
+        return d
+    inits, seeds = list(inits), list(seeds)
+    return {"images": int(images), "inits": inits, "seeds": seeds,
+            "runs": {f"{i}/{s}": {st: slim(runs[i, s][st], s == seeds[0]) for st in STATES}
+                     for i in inits for s in seeds},
+            "cka_init_vs_trained": {i: torch.from_numpy(np.asarray(m))
+                                    for i, m in cka_init_vs_trained(runs, inits, seeds).items()},
+            "cka_between_inits": {f"{a}/{b}": torch.from_numpy(np.asarray(m))
+                                  for (a, b), m in cka_between_inits(runs, inits, seeds).items()}}
+
+
+def expand(d: dict) -> tuple[dict, dict, dict]:
+    """compact's dict -> (runs, cka_init_vs_trained, cka_between_inits) as the report's functions
+    take and give them (runs' analyses without representations: the CKA is in the other two)."""
+    from structinit.analysis.model import ModelAnalysis
+
+    runs = {}
+    for key, states in d["runs"].items():
+        init, seed = key.rsplit("/", 1)
+        runs[init, int(seed)] = {st: ModelAnalysis.from_dict(v) for st, v in states.items()}
+    init_vs_trained = {i: m.numpy() for i, m in d["cka_init_vs_trained"].items()}
+    between = {tuple(k.split("/")): m.numpy() for k, m in d["cka_between_inits"].items()}
+    return runs, init_vs_trained, between
