@@ -50,7 +50,8 @@ def main():
     runs = {}
     for init in inits:
         cell = CellModel(dataset=a.dataset, init=init)       # an impulse cell solves here, as its stage did
-        again = f"dvc repro -f {main_stage('train', a.dataset, init, params)} on the GPU machine"
+        again = (f"python -m tools.fashion_mnist --grid on the GPU machine (it trains "
+                 f"{main_stage('train', a.dataset, init, params)} again where its weights are not there)")
         for seed in seeds:
             model, record = build_cell_model(cell, params, data.spec, seed)
             check_same_init(seed_dir(Path(a.results) / main_cell(a.dataset, init), seed) / "init.json", record)

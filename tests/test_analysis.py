@@ -216,6 +216,40 @@ def test_a_gpu_datasets_compact_analysis_gives_the_report_the_same_numbers_witho
         load_gpu_analysis(tmp_path / "ds.pt", "ds", inits, [0, 1, 2])
 
 
+def test_a_gpu_datasets_section_from_its_compact_analysis_is_the_one_from_its_full_runs(tmp_path):
+    """dataset_section on the compact file (expand, its CKA passed in) writes the text and the
+    figures it writes on the full runs: nothing the report reads is lost. Offsets and masses
+    for the impulse arm only (a baseline has none), as the analyses hold them."""
+    from structinit.analysis.model import ModelAnalysis
+    from structinit.io import save_checked
+    from structinit.reporting import attention_tables as summary
+    from structinit.reporting.attention_report import dataset_section, load_gpu_analysis
+
+    g = torch.Generator().manual_seed(2)
+    L, H, side = 2, 2, 5
+
+    def analysis(impulse: bool, distance: float) -> ModelAnalysis:
+        prof = torch.rand(L, H, side, side, generator=g)
+        mass = (lambda: torch.rand(L, H, generator=g)) if impulse else (lambda: None)
+        return ModelAnalysis(prof, torch.rand(L, H, side, side, generator=g),
+                             torch.full((L, H), distance) + torch.rand(L, H, generator=g),
+                             torch.full((L, H), distance) + torch.rand(L, H, generator=g), mass(), mass(),
+                             [[(0, 1), (1, 0)]] * L if impulse else None, torch.randn(L, 30, 4, generator=g),
+                             torch.rand(L, 2, generator=g))
+    inits, seeds = ["trunc_normal", "impulse3"], [0, 1, 2]
+    runs = {(i, s): {"at_init": analysis(i == "impulse3", 2.0), "trained": analysis(i == "impulse3", 1.5)}
+            for i in inits for s in seeds}
+    save_checked(tmp_path / "ds.pt", summary.compact(runs, inits, seeds, images=30))
+    got = load_gpu_analysis(tmp_path / "ds.pt", "ds", inits, seeds)
+    kw = dict(inits=inits, impulse_inits=["impulse3"], seeds=seeds, images=30)
+    full = dataset_section("ds", runs, tmp_path / "full", **kw)
+    small = dataset_section("ds", got["runs"], tmp_path / "compact", cka=got["cka"], **kw)
+    assert small == full and "### CKA (test images)" in full
+    pngs = sorted(p.name for p in (tmp_path / "full").glob("*.png"))
+    assert len(pngs) == 6 and pngs == sorted(p.name for p in (tmp_path / "compact").glob("*.png"))
+    assert all((tmp_path / "full" / p).read_bytes() == (tmp_path / "compact" / p).read_bytes() for p in pngs)
+
+
 def test_analyze_refuses_a_rebuild_that_is_not_the_trained_model(tmp_path):
     """The analysis rebuilds the model at init; if the training stage's init.json says otherwise
     (another init, seed or offsets), it stops instead of describing another model."""

@@ -203,3 +203,20 @@ def test_a_grid_cut_short_keeps_its_finished_cells_and_prices_the_rest(tmp_path,
     assert row(ran[3])[0].endswith("(cut short)") and row(ran[3])[2:] == ["-"] * 5
     assert "2 of the main grid's 6 cells trained to the end" in report and "extrapolation" in report
     assert "86.50" in report and "85.50" in report and "84.50" in report   # impulse3, trunc_normal, kaiming
+
+
+def test_the_grid_always_analyses_and_retrains_a_cell_whose_weights_are_not_here(tmp_path):
+    """tools.fashion_mnist.forced: the analysis runs every time (-f -s: its deps are its code, so
+    DVC would call it up to date after the cells were retrained); a main cell DVC holds up to
+    date but whose weights are not on this machine (they are never committed) trains again."""
+    cells_of = {"train_gpu_impulse@fashion_mnist-3": "results/train/fashion_mnist-impulse3"}
+    params = {"grid": {"seeds": [0, 1]}}
+    assert tool.forced(tmp_path, "analyze_gpu@fashion_mnist", cells_of, params) == ("-f", "-s")
+    assert tool.forced(tmp_path, "train_gpu_impulse@fashion_mnist-3", cells_of, params) == ("-f",)
+    weights = tmp_path / "models/gpu/fashion_mnist-impulse3"
+    weights.mkdir(parents=True)
+    (weights / "seed0.pt").write_bytes(b"w")
+    assert tool.forced(tmp_path, "train_gpu_impulse@fashion_mnist-3", cells_of, params) == ("-f",)   # one seed short
+    (weights / "seed1.pt").write_bytes(b"w")
+    assert tool.forced(tmp_path, "train_gpu_impulse@fashion_mnist-3", cells_of, params) == ()
+    assert tool.forced(tmp_path, "study_data_size_gpu@fashion_mnist-0.05-impulse3", cells_of, params) == ()

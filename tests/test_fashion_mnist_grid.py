@@ -64,7 +64,7 @@ def test_the_grid_runs_unfrozen_then_freezes_and_a_cpu_only_reads_it(tmp_path):
                 "analyze_gpu@fashion_mnist",
                 "study_data_size_gpu@fashion_mnist-0.5-trunc_normal", "study_data_size_gpu@fashion_mnist-0.5-impulse3"
                 } <= set(lock)
-        status = scratch.run_dvc(s.repo, "status", "train_gpu_baseline", "train_gpu_impulse", env=env,
+        status = scratch.run_dvc(s.repo, "status", "train_gpu_baseline", "train_gpu_impulse", "analyze_gpu", env=env,
                                  log=s.root / "status.log")
         assert status == 0 and "changed" not in (s.root / "status.log").read_text()
         before = (cells["trunc_normal"] / "seed0/metrics.json").read_bytes()
@@ -84,6 +84,9 @@ def test_the_grid_runs_unfrozen_then_freezes_and_a_cpu_only_reads_it(tmp_path):
         copy = scratch.copy_working_tree(tmp_path / "copy", root=s.repo)
         assert (copy / "results/train/fashion_mnist-impulse3/seed1/metrics.json").exists()
         assert "train_gpu_impulse@fashion_mnist-3" in yaml.safe_load((copy / "dvc.lock").read_text())["stages"]
+        assert (copy / "results/analysis_gpu/fashion_mnist.pt").read_bytes() == (
+            s.repo / "results/analysis_gpu/fashion_mnist.pt").read_bytes()
+        assert "analyze_gpu@fashion_mnist" in yaml.safe_load((copy / "dvc.lock").read_text())["stages"]
         # the reports' column: the main table over the committed digits cells and these
         from structinit.reporting.main_report import main_reports
 

@@ -14,7 +14,7 @@ where their weights are: one compact file, results/analysis_gpu/fashion_mnist.pt
 dvc.yaml frozen again (so a CPU's `dvc repro` never trains them, and reports their committed
 cells), and writes the time, accuracies and card
 to a file of benchmarks/ named after the card and commit; it prints what to commit (params.yaml,
-dvc.lock, the cells in results/train/ and results/studies/data_size/, that file); then `dvc
+dvc.lock, the cells in results/train/ and results/studies/data_size/, the analysis, that file); then `dvc
 repro` on any machine adds the column to the reports. --root runs it in another checkout (the suite's tiny copy).
 
 The recipe (params.yaml, recipes.fashion_mnist) trains every arm of the main grid (grid.baselines
@@ -241,6 +241,20 @@ def stage_table(stage_seconds: dict, started: dict, cells: dict, code: int, root
     return rows, fresh
 
 
+def forced(root: Path, target: str, cells_of: dict, params: dict) -> tuple[str, ...]:
+    """`dvc repro`'s flags for one of the grid's stages: the analysis always runs (-f -s: its deps
+    are its code, so DVC would take it as up to date after the cells were retrained, and it is
+    cheap), and a main cell DVC holds up to date whose weights are not on this machine (a run
+    resumed on a fresh one: they are never committed) trains again (-f), so the analysis has them."""
+    if target.startswith("analyze_gpu@"):
+        return ("-f", "-s")
+    if target in cells_of:
+        weights = root / "models/gpu" / Path(cells_of[target]).name
+        if not all((weights / f"seed{s}.pt").is_file() for s in params["grid"]["seeds"]):
+            return ("-f",)
+    return ()
+
+
 def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) -> int:
     """The GPU dataset's cells through DVC in `root` (docstring, --grid): the main grid's, one
     stage (cell) at a time, the primary contrast's two first, then the data-size study's (not
@@ -285,8 +299,8 @@ def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) 
                     code = TIMED_OUT
                     break
                 s, started[target] = time.perf_counter(), time.time()
-                code = run_dvc(root, "repro", target, env=env, timeout=left,
-                               on_line=lambda line: print(line, end="", flush=True))
+                code = run_dvc(root, "repro", *forced(root, target, cells_of, params), target, env=env,
+                               timeout=left, on_line=lambda line: print(line, end="", flush=True))
                 stage_seconds[target] = time.perf_counter() - s
                 if code:
                     break

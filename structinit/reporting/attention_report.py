@@ -36,13 +36,14 @@ def load_run(analysis: Path, ds: str, init: str, seed: int) -> dict:
 def load_gpu_analysis(path: Path, ds: str, inits: list[str], seeds: list[int]) -> dict:
     """A GPU dataset's compact analysis (stages/analyze_gpu.py), checked to be of the main grid
     as params.yaml has it: {"runs", "cka", "images"} for dataset_section."""
-    d = load_checked(path, f"{ds}'s attention analysis: made on the GPU machine by "
-                           f"dvc repro analyze_gpu@{ds} (docs/fashion-mnist.md)")
+    d = load_checked(path, f"{ds}'s attention analysis: made on a GPU machine by "
+                           "python -m tools.fashion_mnist --grid (docs/fashion-mnist.md)")
     if d["inits"] != list(inits) or d["seeds"] != list(seeds):
         raise StructinitError(
             f"{path} analyses initializers {d['inits']} and seeds {d['seeds']}; the main grid (params.yaml) has "
             f"{list(inits)} and {list(seeds)}. A GPU dataset's cells are at the settings they were trained at: "
-            f"run this with -S 'grid.gpu_datasets=[]', or re-run its grid on a GPU (docs/fashion-mnist.md)")
+            f"run the experiment without it, dvc exp run -S 'grid.gpu_datasets=[]' (with your other -S), or "
+            f"its grid again on a GPU, python -m tools.fashion_mnist --grid (docs/fashion-mnist.md)")
     runs, init_vs_trained, between = summary.expand(d)
     return {"runs": runs, "cka": (init_vs_trained, between), "images": d["images"]}
 
