@@ -325,7 +325,7 @@ def test_the_gpu_datasets_stages_are_frozen_and_a_gpu_run_alone_unfreezes_them()
     text = (REPO / "dvc.yaml").read_text()
     stages = yaml.safe_load(text)["stages"]
     gpu = {name for name in stages if name.startswith("train_gpu_") or name.endswith("_gpu")}
-    assert gpu == {"train_gpu_baseline", "train_gpu_impulse", "study_data_size_gpu"}
+    assert gpu == {"train_gpu_baseline", "train_gpu_impulse", "study_data_size_gpu", "analyze_gpu"}
     assert all(stages[name]["frozen"] is True for name in gpu)
     unfrozen = yaml.safe_load(dvc_yaml.unfrozen_gpu(text))["stages"]
     assert all(unfrozen[name]["frozen"] is False for name in gpu)

@@ -83,7 +83,7 @@ def test_a_grid_that_fails_leaves_params_and_dvc_yaml_as_they_were(tmp_path, mon
     monkeypatch.setattr(scratch, "run_dvc", failing_dvc)
     monkeypatch.setenv("STRUCTINIT_ALLOW_CPU", "1")
     assert tool.run_grid(copy) == 1
-    assert seen == [(3, True)]                       # ran with the 3 GPU stages unfrozen, the dataset listed
+    assert seen == [(4, True)]                       # ran with the 4 GPU stages unfrozen, the dataset listed
     assert {f: (copy / f).read_text() for f in before} == before
 
 
@@ -121,7 +121,7 @@ def test_the_main_grid_alone_runs_its_cells_one_by_one_the_primary_pair_first(tm
     targets, timeouts = [], []
 
     def dvc(root, *args, timeout=None, **kw):
-        targets.append(args[1])
+        targets.append(args[-1])
         timeouts.append(timeout)
         return 0
 
@@ -131,6 +131,9 @@ def test_the_main_grid_alone_runs_its_cells_one_by_one_the_primary_pair_first(tm
     p = load_params(copy / "params.yaml")
     assert targets[:2] == [f"train_gpu_impulse@fashion_mnist-{p['init']['kernel']}",
                            "train_gpu_baseline@fashion_mnist-trunc_normal"]
+    # then the cells' analysis, where their weights are
+    assert targets[-1] == "analyze_gpu@fashion_mnist"
+    targets = targets[:-1]
     assert len(targets) == len(set(targets)) == len(tool.arms(p)) and not any("study" in t for t in targets)
     assert all(0 < t <= 300 for t in timeouts) and timeouts == sorted(timeouts, reverse=True)
     assert p["grid"]["gpu_datasets"] == ["fashion_mnist"] and p["studies"]["data_size"]["gpu"]["datasets"] == []
@@ -175,7 +178,7 @@ def test_a_grid_cut_short_keeps_its_finished_cells_and_prices_the_rest(tmp_path,
     os.utime(old, (1e9, 1e9))
 
     def dvc(root, *args, timeout=None, **kw):
-        target = args[1]
+        target = args[-1]
         ran.append(target)
         if "trunc_normal" in target:
             return 0                                                      # up to date
