@@ -33,12 +33,14 @@ def echo(line: str) -> None:
     print(line, end="", flush=True)
 
 
-def uncommitted_changes(cwd: Path | None = None) -> bool:
-    """Whether the checkout differs from its commit in a tracked file other than dvc.yaml: that
-    one is written from dvc.template.yaml, and running this stage as documented unfreezes it
-    there (docs/studies.md), which changes nothing that ran."""
-    return bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top)",
-                                ":(top,exclude)dvc.yaml"], cwd=cwd, capture_output=True, text=True).stdout.strip())
+def uncommitted_changes(cwd: Path | None = None, outputs: tuple[str, ...] = ()) -> bool:
+    """Whether the checkout differs from its commit in a tracked file other than dvc.yaml and
+    `outputs` (paths from the checkout's top): running this stage as documented (docs/studies.md)
+    unfreezes it in dvc.yaml, which is written from dvc.template.yaml, and DVC removes the stage's
+    committed outputs before it runs; neither changes what ran."""
+    spec = [":(top)", ":(top,exclude)dvc.yaml", *(f":(top,exclude){o}" for o in outputs)]
+    return bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *spec], cwd=cwd,
+                               capture_output=True, text=True).stdout.strip())
 
 
 def main():
@@ -55,7 +57,7 @@ def main():
     record = inputs_record("regime", [f"results/train/{main_cell(a.dataset, i)}"
                                       for i in params["studies"]["regime"]["reused"]])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = uncommitted_changes()
+    dirty = uncommitted_changes(outputs=(a.out.as_posix(),))
     out = a.out
     with scratch.Scratch("regime", keep=a.keep) as s:
         repo = scratch.copy_working_tree(s.repo, with_outputs=("dvc.lock", *ev.OUTPUTS))   # the main grid, up to date

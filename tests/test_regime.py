@@ -138,9 +138,10 @@ def test_the_refusal_keeps_dvc_s_error():
     assert stale_main_grid("Running stage 'study_regime@x':\n", 0) is None
 
 
-def test_the_run_label_ignores_the_unfreeze_the_documented_command_makes(tmp_path):
+def test_the_run_label_ignores_what_the_documented_run_itself_changes(tmp_path):
     """stages/regime.py labels its report "with uncommitted changes" for a change to any tracked
-    file but dvc.yaml, which the documented command rewrites (dvc unfreeze regime)."""
+    file but dvc.yaml, which the documented command rewrites (dvc unfreeze regime), and the
+    stage's own committed outputs, which DVC removes before the stage runs."""
     from stages.regime import uncommitted_changes
 
     def git(*args):
@@ -150,12 +151,19 @@ def test_the_run_label_ignores_the_unfreeze_the_documented_command_makes(tmp_pat
     (tmp_path / "dvc.yaml").write_text("stages: {}\n")
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub/code.py").write_text("x = 1\n")
+    (tmp_path / "results/evidence/regime").mkdir(parents=True)
+    (tmp_path / "results/evidence/regime/regime.md").write_text("old\n")
     git("add", ".")
     git("commit", "-q", "-m", "c")
     assert not uncommitted_changes(tmp_path)
     (tmp_path / "dvc.yaml").write_text("stages: {regime: {frozen: false}}\n")
     (tmp_path / "untracked.txt").write_text("new\n")
     assert not uncommitted_changes(tmp_path)
-    assert not uncommitted_changes(tmp_path / "sub")             # from a folder below, the whole checkout
+    # DVC removes the stage's committed outputs before it runs: not a change to what ran
+    (tmp_path / "results/evidence/regime/regime.md").unlink()
+    assert uncommitted_changes(tmp_path)
+    outs = ("results/evidence/regime",)
+    assert not uncommitted_changes(tmp_path, outs)
+    assert not uncommitted_changes(tmp_path / "sub", outs)      # from a folder below, the whole checkout
     (tmp_path / "sub/code.py").write_text("x = 2\n")
-    assert uncommitted_changes(tmp_path) and uncommitted_changes(tmp_path / "sub")
+    assert uncommitted_changes(tmp_path, outs) and uncommitted_changes(tmp_path / "sub", outs)
