@@ -65,6 +65,31 @@ def check_same_init(path: Path, rebuilt: dict) -> None:
                               "re-run the cell's training stage (dvc repro)")
 
 
+def analyze_seed(cell: CellModel, params, spec, seed: int, images: torch.Tensor, *, init_records, models,
+                 again: str) -> dict:
+    """One seed of a cell, rebuilt at initialization (checked against its training stage's
+    init.json) and loaded trained (<models>/seed<s>.pt), each analysed on `images` (on the device
+    the analysis runs on): {"at_init", "trained"} -> ModelAnalysis, its tensors on the CPU; says
+    how its attention moved. again: how to re-create missing weights."""
+    model, record = build_cell_model(cell, params, spec, seed)
+    check_same_init(seed_dir(init_records, seed) / "init.json", record)
+    model.to(images.device)
+    at_init = analyze_model(model, images, offsets=record["offsets"])
+    weights = seed_dir(models, seed).with_suffix(".pt")
+    model.load_state_dict(load_torch(weights, f"trained weights: re-create them with {again}",
+                                     map_location=images.device))
+    trained = analyze_model(model, images, offsets=record["offsets"])
+    for analysis in (at_init, trained):
+        for key, value in vars(analysis).items():
+            if isinstance(value, torch.Tensor):
+                setattr(analysis, key, value.cpu())
+    mass = "" if trained.target_images is None else (
+        f", target mass on images {at_init.target_images.mean():.3f} -> {trained.target_images.mean():.3f}")
+    print(f"{run_name(main_cell(cell.dataset, cell.init), seed)}: mean attention distance on images "
+          f"{at_init.distance_images.mean():.2f} -> {trained.distance_images.mean():.2f} patches{mass}", flush=True)
+    return {"at_init": at_init, "trained": trained}
+
+
 def on_device_images(a, params):
     """(spec, the first --images test images) of the prepared dataset (download stage)."""
     data = ImageData.load(a.data)
@@ -84,23 +109,11 @@ def main(load_images=on_device_images):
     again = (f"dvc repro -f {main_stage('train', a.dataset, a.init, params)}" if main_grid_cell
              else f"the stage that writes {a.models}")
     for seed in seeds:
-        model, record = build_cell_model(cell, params, spec, seed)
-        check_same_init(seed_dir(a.init_records, seed) / "init.json", record)
-        model.to(device)
-        at_init = analyze_model(model, images, offsets=record["offsets"])
-        weights = seed_dir(a.models, seed).with_suffix(".pt")
-        model.load_state_dict(load_torch(weights, f"trained weights: re-create them with {again}",
-                                         map_location=device))
-        trained = analyze_model(model, images, offsets=record["offsets"])
-        to_cpu = lambda m: {k: v.cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731
-                            for k, v in m.to_dict().items()}
+        run = analyze_seed(cell, params, spec, seed, images, init_records=a.init_records, models=a.models,
+                           again=again)
         save_checked(seed_dir(a.out, seed).with_suffix(".pt"),
                      {"dataset": a.dataset, "init": a.init, "seed": seed, "images": len(images),
-                      "at_init": to_cpu(at_init), "trained": to_cpu(trained)})
-        mass = "" if trained.target_images is None else (
-            f", target mass on images {at_init.target_images.mean():.3f} -> {trained.target_images.mean():.3f}")
-        print(f"{run_name(main_cell(a.dataset, a.init), seed)}: mean attention distance on images "
-              f"{at_init.distance_images.mean():.2f} -> {trained.distance_images.mean():.2f} patches{mass}")
+                      **{state: analysis.to_dict() for state, analysis in run.items()}})
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@
 
 Run where the cells were trained (the GPU machine: their weights, models/gpu/<cell>/seed<s>.pt,
 stay there), after them: for every initializer of the main grid and every seed, the model is
-rebuilt at initialization (checked against the training stage's init.json, as stages/analyze.py
-checks it) and loaded trained, and both are analysed on the first --images test images
+rebuilt at initialization (checked against the training stage's init.json) and loaded trained,
+and both are analysed, as stages/analyze.py does it (its analyze_seed), on the first --images test images
 (structinit/analysis/model.py). What the attention report reads of them is written in one
 file small enough to commit (structinit/reporting/attention_tables.py's `compact`: the CKA
 matrices in place of the representations, the first seed's offset profiles alone), so a CPU's
@@ -17,13 +17,13 @@ from pathlib import Path
 
 import torch
 
-from stages.analyze import check_same_init
+from stages.analyze import analyze_seed
 from stages.common import run_stage
-from structinit.analysis.model import analyze_model, test_batch
+from structinit.analysis.model import test_batch
 from structinit.data.tensors import prepare_dataset
-from structinit.io import load_torch, save_checked
-from structinit.pipeline.build import CellModel, build_cell_model
-from structinit.pipeline.cells import gpu_datasets, main_cell, main_inits, main_stage, run_name, seed_dir
+from structinit.io import save_checked
+from structinit.pipeline.build import CellModel
+from structinit.pipeline.cells import gpu_datasets, main_cell, main_inits, main_stage
 from structinit.pipeline.load import load_params
 from structinit.reporting.attention_tables import compact
 
@@ -53,27 +53,11 @@ def main():
         again = (f"python -m tools.fashion_mnist --grid on the GPU machine (it trains "
                  f"{main_stage('train', a.dataset, init, params)} again where its weights are not there)")
         for seed in seeds:
-            model, record = build_cell_model(cell, params, data.spec, seed)
-            check_same_init(seed_dir(Path(a.results) / main_cell(a.dataset, init), seed) / "init.json", record)
-            model.to(device)
-            at_init = analyze_model(model, images, offsets=record["offsets"])
-            weights = seed_dir(Path(a.models) / main_cell(a.dataset, init), seed).with_suffix(".pt")
-            model.load_state_dict(load_torch(weights, f"trained weights: re-create them with {again}",
-                                             map_location=device))
-            trained = analyze_model(model, images, offsets=record["offsets"])
-            runs[init, seed] = {"at_init": on_cpu(at_init), "trained": on_cpu(trained)}
-            print(f"{run_name(main_cell(a.dataset, init), seed)}: mean attention distance on images "
-                  f"{at_init.distance_images.mean():.2f} -> {trained.distance_images.mean():.2f} patches", flush=True)
+            runs[init, seed] = analyze_seed(cell, params, data.spec, seed, images, again=again,
+                                            init_records=Path(a.results) / main_cell(a.dataset, init),
+                                            models=Path(a.models) / main_cell(a.dataset, init))
     save_checked(a.out, {"dataset": a.dataset, **compact(runs, inits, seeds, len(images))})
     print(f"{a.out}: {len(runs)} runs of {len(inits)} initializers, compact ({Path(a.out).stat().st_size:,} bytes)")
-
-
-def on_cpu(analysis):
-    """The analysis with its tensors on the CPU (the CKA and the file are computed there)."""
-    for key, value in vars(analysis).items():
-        if isinstance(value, torch.Tensor):
-            setattr(analysis, key, value.cpu())
-    return analysis
 
 
 if __name__ == "__main__":
