@@ -73,7 +73,7 @@ fi
 export PATH="$VENV/bin:$PATH" DVC_NO_ANALYTICS=1
 case "$cmd" in
   test)  bash tests/setup_browser.sh # chromium + local vega JS for test_plots_render (never fails)
-         bash tests/setup_data.sh    # Fashion-MNIST's files for its real-file tests (never fails)
+         bash tests/setup_data.sh    # Fashion-MNIST's files for its real-file tests (fails only with STRUCTINIT_REQUIRE_DATA=1)
          exec python -m pytest "$@" ;;
   repro) exec dvc repro "$@" ;;
   quick) exec python -m tools.quick "$@" ;;

@@ -4,6 +4,8 @@ real files where Debian's package is installed."""
 import functools
 import gzip
 import http.server
+import shutil
+import subprocess
 import threading
 from pathlib import Path
 
@@ -180,3 +182,21 @@ def test_the_real_files(tmp_path):
     assert round(x.mean().item(), 4) == SPEC.mean[0] and round(x.std().item(), 3) == round(SPEC.std[0], 3)
     raw = tmp_path / "raw/FashionMNIST/raw"
     assert {p.name: p.stat().st_size for p in raw.iterdir()} == {n: size for n, (_, size) in fm.FILES.items()}
+
+
+@pytest.mark.parametrize("required, rc", [("1", 1), ("", 0)])
+def test_setup_data_fails_in_ci_when_it_cannot_fetch(tmp_path, required, rc):
+    """CI (.ci/run sets STRUCTINIT_REQUIRE_DATA=1) must not go green with the real-file tests skipped:
+    without apt-get the set-up fails there, and only says so elsewhere."""
+    (tmp_path / "tests").mkdir()
+    shutil.copy(REPO / "tests/setup_data.sh", tmp_path / "tests")
+    bin_ = tmp_path / "bin"            # a PATH with dirname alone: no apt-get, no dpkg-deb
+    bin_.mkdir()
+    (bin_ / "dirname").symlink_to(shutil.which("dirname"))
+    if any((fm.DEBIAN_FOLDER / f"{n}.gz").is_file() for n in fm.FILES):
+        pytest.skip("Debian's package is installed here: the set-up finds the files without fetching")
+    env = {"PATH": str(bin_), "STRUCTINIT_REQUIRE_DATA": required}
+    r = subprocess.run([shutil.which("bash"), str(tmp_path / "tests/setup_data.sh")], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == rc, r.stderr
+    assert "no apt-get/dpkg-deb" in r.stderr
