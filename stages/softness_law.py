@@ -3,7 +3,6 @@ and the law fitted to it (structinit/init/softness.py).
 
     python -m stages.softness_law --reference results/reference --out results/evidence/softness_law
     python -m stages.softness_law --reuse ...   # solve nothing: refit and check the committed CSV
-    python -m stages.softness_law --add-missing ...   # solve only the shapes the CSV lacks
 
 Writes into --out: softness_law.csv (the official solver's mass on the law's FIT and HELD_OUT
 shapes: structinit/evidence/softness_law.py), softness_law.md (the fit, the library's
@@ -41,15 +40,11 @@ def main():
     ap.add_argument("--reference", type=Path, default=Path("results/reference"))
     ap.add_argument("--out", type=Path, default=Path("results/evidence/softness_law"))
     ap.add_argument("--reuse", action="store_true", help="solve nothing: refit and check --out's CSV")
-    ap.add_argument("--add-missing", action="store_true",
-                    help="keep --out's CSV rows and solve only the shapes it lacks (a shape added to the law's lists)")
     a = ap.parse_args()
     csv_path = a.out / "softness_law.csv"
-    if a.add_missing and not csv_path.exists():
-        raise SystemExit(f"--add-missing: {csv_path} does not exist; run without it to solve every shape")
     if not a.reuse:
         a.out.mkdir(parents=True, exist_ok=True)
-        ev.write_csv(csv_path, ev.solve_rows(have=ev.read_rows(csv_path) if a.add_missing else None))
+        ev.write_csv(csv_path, ev.solve_rows())
     masses = ev.read_csv(csv_path)
     reference, folders = reference_masses(a.reference, load_params())
     if bad := ev.disagreements(masses, reference):
