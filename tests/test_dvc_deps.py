@@ -334,3 +334,28 @@ def test_the_gpu_datasets_stages_are_frozen_and_a_gpu_run_alone_unfreezes_them()
     # their deps are their code alone (a frozen stage's deps must exist in a fresh clone)
     for name in gpu:
         assert all(not str(d).startswith(("data/", "artifacts/", "results/")) for d in stages[name]["deps"]), name
+
+
+def test_the_attention_report_depends_on_each_committed_gpu_analysis_and_nothing_before_one(tmp_path, monkeypatch):
+    """A dependency DVC cannot find fails its stage, so before any GPU dataset is analysed the
+    attention report depends on no GPU file (no placeholder either); once one is, on it."""
+    template = "stages:\n  r:\n    cmd: x\n    deps:\n      - a\n      - GPU_ANALYSES   # note\n      - b\n"
+    monkeypatch.setattr(dvc_yaml, "REPO", tmp_path)
+    assert yaml.safe_load(dvc_yaml.render(template))["stages"]["r"]["deps"] == ["a", "b"]
+    (tmp_path / "results/analysis_gpu").mkdir(parents=True)
+    (tmp_path / "results/analysis_gpu/fashion_mnist.pt").write_bytes(b"")
+    deps = yaml.safe_load(dvc_yaml.render(template))["stages"]["r"]["deps"]
+    assert deps == ["a", "results/analysis_gpu/fashion_mnist.pt", "b"]
+
+
+def test_no_stage_depends_on_a_hand_written_file(stages):
+    """Every file a stage reads is code, data, params or some command's output: no README, nor
+    a folder that holds only one. datasets/<name>/ is where a user's own files go (download
+    reads them), so it is data, even while a built-in's holds only its README."""
+    def hand_written(path: Path) -> bool:
+        files = [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else [path]
+        return bool(files) and all(f.suffix == ".md" for f in files)
+    outs = {o.def_path for s in stages.values() for o in s.outs}
+    deps = {d.def_path for s in stages.values() for d in s.deps if not isinstance(d, ParamsDependency)}
+    made = {d for d in deps if any(d == o or d.startswith(f"{o}/") for o in outs)}
+    assert not [d for d in deps - made if not d.startswith("datasets/") and ("README" in d or hand_written(REPO / d))]

@@ -37,8 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 OUTPUTS = ("results", "reports", "dvc.lock", "artifacts", "models", "data", "logs")
 # but the frozen stages' committed outputs are inputs: `dvc repro` fails on a frozen stage whose
 # outputs are missing, and a copy cannot remake them in hours (structinit/evidence), nor a GPU's
-# analyses without its weights (results/analysis_gpu: its README holds the folder the attention
-# report depends on before any GPU dataset is analysed)
+# analyses without its weights (results/analysis_gpu)
 FROZEN_OUTPUTS = ("results/evidence/", "results/analysis_gpu/")
 
 

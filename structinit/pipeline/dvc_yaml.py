@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("stages", "structinit", "benchmarks", "tools")
 TEMPLATE, TARGET = "dvc.template.yaml", "dvc.yaml"
 CODE = re.compile(r"^(?P<indent> +)- CODE\b.*$", re.M)
+GPU_ANALYSES = re.compile(r"^(?P<indent> +)- GPU_ANALYSES\b.*\n", re.M)
 SCRIPT = re.compile(r"python -m (stages\.\w+)")
 STAGE = re.compile(r"^  (?=[a-z_]+:)", re.M)          # a stage's first line, under `stages:`
 HEADER = ("# GENERATED from dvc.template.yaml by `python -m structinit.pipeline.dvc_yaml --write`:\n"
@@ -138,7 +139,15 @@ def render(template: str) -> str:
             lines = "".join(f"{marker['indent']}- {f}\n" for f in sorted(import_closure(script[1])))
             block = block[:marker.start()] + lines.rstrip("\n") + block[marker.end():]
         out.append(block)
-    return HEADER + "  ".join(out)
+    return GPU_ANALYSES.sub(gpu_analyses, HEADER + "  ".join(out))
+
+
+def gpu_analyses(marker: re.Match) -> str:
+    """`- GPU_ANALYSES`: one deps line per GPU dataset's committed analysis (analyze_gpu's
+    results/analysis_gpu/<dataset>.pt, written on the GPU machine, which rewrites dvc.yaml
+    after), none before any: a dependency DVC cannot find fails the stage."""
+    files = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "results/analysis_gpu").glob("*.pt"))
+    return "".join(f"{marker['indent']}- {f}\n" for f in files)
 
 
 # The GPU datasets' stages (grid.gpu_datasets) are frozen in dvc.yaml: a CPU never trains them.
