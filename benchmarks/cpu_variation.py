@@ -28,7 +28,7 @@ from tabulate import tabulate
 
 from structinit.pipeline.cells import planned_contrast
 from structinit.pipeline.load import load_params
-from structinit.pipeline.verify import TOLERANCE_TEST_IMAGES, test_image_count
+from structinit.pipeline.verify import TOLERANCE_SDS, seed_sd, test_image_count, tolerance_images
 from structinit.reporting import stats
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,12 +72,16 @@ def cpu_variation(repo: Path, epochs_csv: Path, dataset: str = "digits") -> str:
     n_test = test_image_count(repo, dataset)
     runs["move"] = runs.here - runs.other                        # points
     runs["images"] = (runs.move / 100 * n_test).round().astype(int)
+    # verify's tolerance for these cells: from their kind's seed SD in the committed runs, every seed
+    sd = seed_sd([[json.loads(m.read_text())["final_test_acc"] * n_test for m in cell.glob("seed*/metrics.json")]
+                  for cell in (repo / "results/train").glob(f"{dataset}-*")])
+    n = runs.groupby("init").size().max()
     cells = []
     for init, g in runs.groupby("init", sort=False):
         mean_images = g.move.mean() / 100 * n_test
         cells.append([init, " ".join(f"{round(m, 2) + 0.0:+.2f}" for m in g.move),
                       " ".join(f"{i:+d}" for i in g.images),
-                      f"{mean_images:+.1f}", "yes" if abs(mean_images) > TOLERANCE_TEST_IMAGES else "no"])
+                      f"{mean_images:+.1f}", "yes" if abs(mean_images) > tolerance_images(sd, len(g)) else "no"])
     # the spread a CPU adds, against the spread between two seeds of one arm on one CPU
     sd_cpu = float(runs.move.std(ddof=1))
     # pooled within-arm SD over seeds (each arm's own mean removed), times sqrt 2: the SD of the
@@ -101,8 +105,9 @@ def cpu_variation(repo: Path, epochs_csv: Path, dataset: str = "digits") -> str:
     return (f"Per cell, {dataset} at {epochs} epochs, seeds {sorted(set(runs.seed))}: this workspace's runs "
             f"({runs.here_cpu.iloc[0]}, {runs.here_dtype.iloc[0]}) minus the epoch benchmark's on "
             f"{runs.other_cpu.iloc[0]} (benchmarks/{epochs_csv.name}), in points and in test images (of {n_test}); "
-            f"a cell beyond verify's tolerance moves its mean by more than {TOLERANCE_TEST_IMAGES} images. Written by "
-            "`python -m benchmarks.cpu_variation`.\n\n"
+            f"a cell beyond verify's tolerance moves its mean over n seeds by more than {TOLERANCE_SDS} × {sd:.2f} × "
+            f"√(2 / n) images ({tolerance_images(sd, n):.1f} at n = {n}; {sd:.2f}: the across-seed SD of the committed "
+            f"results/train/{dataset}-* cells). Written by `python -m benchmarks.cpu_variation`.\n\n"
             + tabulate(cells, headers=["init", "move per seed (points)", "test images", "mean (images)",
                                        "beyond tolerance"], tablefmt="github")
             + f"\n\n{len(runs)} runs: the SD of a run's move between CPUs is {sd_cpu:.2f} points "

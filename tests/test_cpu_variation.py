@@ -31,7 +31,8 @@ def test_moves_are_per_seed_in_points_and_images_and_a_cell_beyond_tolerance_is_
     image = 100 / 360                                         # one digits test image, in points
     other = {("trunc_normal", s): 90.0 for s in (0, 1, 2)} | {("impulse3", s): 91.0 for s in (0, 1, 2)}
     here = {("trunc_normal", 0): 90.0 + image, ("trunc_normal", 1): 90.0 - image, ("trunc_normal", 2): 90.0,
-            # impulse3: 10, 8 and 9 images lower here: its mean moves 9 images, beyond verify's 6
+            # impulse3: 10, 8 and 9 images lower here: its mean moves 9 images, beyond verify's 2.4 (seeds 1
+            # image apart: 3 x 1 x sqrt(2 / 3))
             ("impulse3", 0): 91.0 - 10 * image, ("impulse3", 1): 91.0 - 8 * image, ("impulse3", 2): 91.0 - 9 * image}
     repo = _repo(tmp_path, here, other)
     runs = paired_runs(repo, repo / "epochs.csv", "digits", 4)
@@ -41,7 +42,7 @@ def test_moves_are_per_seed_in_points_and_images_and_a_cell_beyond_tolerance_is_
             for line in text.splitlines() if line.startswith("| ") and "init" not in line}
     assert rows["trunc_normal"] == ["+0.28 -0.28 +0.00", "+1 -1 +0", "0", "no"]
     assert rows["impulse3"] == ["-2.78 -2.22 -2.50", "-10 -8 -9", "-9", "yes"]
-    assert "1 of 2 cells moved beyond verify's tolerance" in text
+    assert "1 of 2 cells moved beyond verify's tolerance" in text and "(2.4 at n = 3; 1.00: the across-seed SD" in text
     # the primary on each CPU: +1.00 on the other, 91 - 2.5 - 90 = -1.50 here: a change of sign
     assert "Other CPU: impulse3 − trunc_normal = +1.00 points" in text
     assert "This CPU, 2 threads: impulse3 − trunc_normal = -1.50 points" in text

@@ -113,11 +113,12 @@ def test_gap_changes_claim_only_what_the_test_supports():
 
 ACC = {"trunc_normal": {1.0: 15, 0.25: 15, 0.1: 15}, "mimetic": {1.0: 92, 0.25: 85, 0.1: 75},
        "impulse3": {1.0: 30, 0.25: 40, 0.1: 55}}
-# Per-seed noise with mean 0 over seeds 0-2 (the means stay ACC's), different per arm and
-# size, so paired differences have some spread to test; seeds 3-4 only in the main grid's
-# cells (grid.seeds: the report's reference SD of paired differences reads all of them).
-JITTER = {"trunc_normal": [0.2, -0.1, -0.1, 0.4, -0.3], "mimetic": [-0.3, 0.1, 0.2, -0.5, 0.6],
-          "impulse3": [0.1, 0.3, -0.4, 0.2, 0.2]}
+# Per-seed noise with mean 0 over seeds 0-2 and over 0-4 (the means stay ACC's), different per
+# arm and size, so paired differences have some spread to test; seeds 3-4 in the main grid's
+# cells (grid.seeds: the report's reference SD of paired differences reads all of them), and in
+# the study's at 5 seeds.
+JITTER = {"trunc_normal": [0.2, -0.1, -0.1, 0.4, -0.4], "mimetic": [-0.3, 0.1, 0.2, -0.5, 0.5],
+          "impulse3": [0.1, 0.3, -0.4, 0.2, -0.2]}
 SIZE_SIGN = {1.0: 1, 0.25: -1, 0.1: 2}
 
 
@@ -139,7 +140,7 @@ def _fake_study(root: Path, params: dict, skip=None):
             cell = root / ("train" / Path(f"digits-{init}") if f == 1.0 else f"studies/data_size/digits-{f}-{init}")
             for seed in (params["grid"]["seeds"] if f == 1.0 else s["seeds"]):
                 if (cell.name, seed) != skip:
-                    acc = ACC[init][f] + seed - 1 + SIZE_SIGN[f] * JITTER[init][seed]
+                    acc = ACC[init][f] + seed - (len(s["seeds"]) - 1) / 2 + SIZE_SIGN[f] * JITTER[init][seed]
                     _fake_run(cell / f"seed{seed}", acc, images, train["epochs"], train)
 
 
@@ -152,15 +153,16 @@ def params():
 
 
 def test_report_states_sizes_steps_and_only_supported_conclusions(tmp_path, params):
+    params["studies"]["data_size"]["seeds"] = [0, 1, 2, 3, 4]        # 5 seeds: a study with verdicts
     _fake_study(tmp_path, params)
     text = data_size(params, tmp_path / "train", tmp_path / "studies", tmp_path / "reports/data_size.md",
                      tmp_path / "reports/figures/data_size")
     assert "Steps held: digits 144 images (10 %): 220 epochs × 2 = 440 steps; digits 359 images (25 %): " \
            "88 epochs × 5 = 440 steps; digits 1,437 images (100 %): 20 epochs × 22 = 440 steps" in text
     row = [line for line in text.splitlines() if "| Imp.-3" in line and "| 144 images (10 %)" in line]
-    assert len(row) == 1 and "| 55.00 ± " in row[0] and "| 3 " in row[0]
+    assert len(row) == 1 and "| 55.00 ± " in row[0] and "| 5 " in row[0]
     assert "- digits, 144 (10 %): Mimetic − Trunc Normal: +60.00 points, 95 % CI [" in text
-    assert "n = 3 paired: **Mimetic > Trunc Normal** (p Holm = " in text
+    assert "n = 5 paired: **Mimetic > Trunc Normal** (p Holm = " in text
     # not planned (neither arm is the reference): described, no verdict
     assert "- digits, 1,437 (100 %): Mimetic − Imp.-3: +62.00 points, 95 % CI [" in text
     assert "Mimetic > Imp.-3" not in text
@@ -174,16 +176,30 @@ def test_report_states_sizes_steps_and_only_supported_conclusions(tmp_path, para
             "Holm-corrected within each family (dataset, size) at α = 0.05: Imp.-3 vs Trunc Normal; "
             "Mimetic vs Trunc Normal.") in text
     change = [ACC["impulse3"][0.1] - ACC["trunc_normal"][0.1] + (SIZE_SIGN[0.1] - SIZE_SIGN[1.0])
-              * (JITTER["impulse3"][s] - JITTER["trunc_normal"][s]) for s in range(3)]
+              * (JITTER["impulse3"][s] - JITTER["trunc_normal"][s]) for s in range(5)]
     sd = float(np.std(change, ddof=1))
-    assert (f"- digits, Imp.-3 − Trunc Normal, 144 images (10 %) vs 1,437 images (100 %): n = 3, α = 0.0125, "
+    assert (f"- digits, Imp.-3 − Trunc Normal, 144 images (10 %) vs 1,437 images (100 %): n = 5, α = 0.0125, "
             f"SD of the per-seed change {sd:.2f}: detectable change "
-            f"{stats.min_detectable_difference(sd, 3, 0.0125):.2f} points") in text
+            f"{stats.min_detectable_difference(sd, 5, 0.0125):.2f} points") in text
     assert "## Smallest difference this design detects" in text
     assert "The paper has no data-size study" in text and "ImageNet-1K (1,281,167 images) +0.82" in text
     assert "![digits: accuracy vs training-set size](figures/data_size/digits.png)" in text
     png = tmp_path / "reports/figures/data_size/digits.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_at_3_seeds_the_report_describes_each_difference_and_its_change(tmp_path, params):
+    """The default's 3 seeds: estimates and intervals, no verdict (study_reports.TESTED_FROM_SEEDS)."""
+    _fake_study(tmp_path, params)
+    text = data_size(params, tmp_path / "train", tmp_path / "studies", tmp_path / "reports/data_size.md",
+                     tmp_path / "reports/figures/data_size")
+    assert "## Estimates (descriptive: no verdict)" in text and "benchmarks/cpu_variation.md" in text
+    assert "- digits, 144 (10 %): Mimetic − Trunc Normal: +60.00 points, 95 % CI [" in text
+    assert "**" not in text.split("## Estimates")[1] and "detectable" not in text and "Holm-corrected" not in text
+    gap = next(line for line in text.splitlines() if line.startswith("- digits, Imp.-3 − Trunc Normal"))
+    assert gap.startswith("- digits, Imp.-3 − Trunc Normal: +15.00 points at 1,437 images (100 %); +25.00 at 359 "
+                          "images (25 %): change +10.00, 95 % CI [") and gap.endswith("; n = 3 paired")
+    assert "; +40.00 at 144 images (10 %): change +25.00, 95 % CI [" in gap
 
 
 def test_report_fails_naming_a_missing_run(tmp_path, params):

@@ -166,12 +166,9 @@ def test_study_stages_build_their_tables_reusing_main_cells(tiny_repo):
     assert r.stdout.count("Running stage 'study_convmixer@") == 2
     for name in ("convmixer_filters", "heads_width"):
         assert "| digits" in (repo / f"reports/{name}.md").read_text()
-    # every study tests its params.yaml plan and says what its design detects
+    # on 1 seed, fewer than a verdict needs, every study describes its pairs (tests/test_study_reports.py: tested)
     for name in ("convmixer_filters", "pseudo_input", "heads_width", "data_size"):
-        text = (repo / f"reports/{name}.md").read_text()
-        assert "Planned in params.yaml" in text and "## Smallest difference this design detects" in text, name
-    convmixer = (repo / "reports/convmixer_filters.md").read_text()
-    assert "## Equivalence: the paper's \"frozen impulse ≈ learned\"" in convmixer
+        assert "## Estimates (descriptive: no verdict)" in (repo / f"reports/{name}.md").read_text(), name
     assert "recipe" in (repo / "reports/heads_width.md").read_text()
     # data size: 150 of the main grid's 300 images, at the main grid's 3 x 4 = 12 optimizer steps
     assert r.stdout.count("Running stage 'study_data_size@") == 2        # 0.5 x 2 inits

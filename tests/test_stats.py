@@ -304,9 +304,10 @@ def test_a_primary_other_than_the_registered_one_is_labelled_exploratory():
 
 def test_the_speed_endpoint_reads_each_run_at_its_epoch_and_tests_the_planned_pair(tmp_path):
     """contrasts.speed: a run's test accuracy at the planned epoch comes from its dvclive curve
-    (step = epoch - 1); the section tests the planned pair alone, paired by seed (the number and
-    the verdict are scipy's paired t test's), refuses an epoch the run was not tested at, and
-    follows the main primary's exploratory label."""
+    (step = epoch - 1); the section records the planned pair's test, paired by seed (the number
+    and the verdict are scipy's paired t test's), but prints it without a verdict (the endpoint
+    was fixed after these seeds), then its test on new seeds; refuses an epoch the run was not
+    tested at, and follows the main primary's exploratory label."""
     import pandas as pd
     from scipy import stats as sps
 
@@ -331,14 +332,18 @@ def test_the_speed_endpoint_reads_each_run_at_its_epoch_and_tests_the_planned_pa
         run_row(tmp_path / "digits-impulse3", 0, 21)
     args = (pd.DataFrame(rows), ["digits"], ["impulse3", "trunc_normal"],
             {"fraction": 0.5, "primary": "ours vs trunc_normal"}, "impulse3", {"digits": 20}, {"digits": 40}, 0.05)
-    text = speed_section(*args)
+    with stats.recording_conclusions() as recorded:
+        text = speed_section(*args)
     ref = sps.ttest_rel([at20["impulse3", s] for s in range(4)], [at20["trunc_normal", s] for s in range(4)])
     diff = sum(at20["impulse3", s] - at20["trunc_normal", s] for s in range(4)) / 4
     assert "## Speed endpoint: test accuracy at 0.5 of the budget" in text and "it tests only on new ones" in text
     assert "digits: epoch 20 of 40" in text
     assert f"- digits, epoch 20: impulse3 − trunc_normal: {diff:+.2f} points" in text
-    assert ref.pvalue < 0.05 and f"**impulse3 > trunc_normal** (p = {ref.pvalue:.3g})" in text
-    assert "Detectable with this design" in text and "Exploratory" not in text
+    (tested, _), = recorded.tested
+    assert ref.pvalue < 0.05 and tested.p == pytest.approx(ref.pvalue) and tested.verdict == ">"
+    assert "**" not in text and "(described: no verdict on the seeds that fixed the endpoint)" in text
+    assert "Not yet tested on new seeds" in text and "Exploratory" not in text
+    assert "\n  Tested on seeds 5–9: X" in speed_section(*args, retest=lambda c: "\n  Tested on seeds 5–9: X")
     assert "**Exploratory.** As the main primary, the speed endpoint's pair follows init.kernel" in speed_section(
         *args, exploratory="**Exploratory.** This run's primary contrast, X, is not ...\n\n")
 

@@ -10,9 +10,10 @@ import pytest
 import yaml
 
 from structinit.pipeline import verify as verify_module
-from structinit.pipeline.verify import TOLERANCE_TEST_IMAGES, main, verify
+from structinit.pipeline.verify import main, verify
 
 REAL_STATUS = verify_module.dvc_status
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _write(repo: Path, rel: str, obj) -> None:
@@ -29,7 +30,12 @@ def _conclusion(cid, verdict, p, fragile=False, role="secondary"):
             "p_adjusted": p, "fragile": fragile}
 
 
-def _state(repo, *, lock_hash="aaa", accs=((0.90, 0.80), (0.50, 0.40)), verdicts=((">", 0.001), ("~", 0.5)),
+# two seeds per cell, 2 test images apart: the kind's seed SD is 1.41 images, so a mean of 2 seeds
+# may move 3 x 1.41 x sqrt(2 / 2) = 4.2 images
+ACCS = ((324 / 360, 326 / 360), (180 / 360, 182 / 360))
+
+
+def _state(repo, *, lock_hash="aaa", accs=ACCS, verdicts=((">", 0.001), ("~", 0.5)),
            fragile=(False, False), kernel=3):
     lock = {"schema": "2.0", "stages": {
         "train_baseline@digits-mimetic": {"outs": [{"path": "models/digits-mimetic", "md5": lock_hash + ".dir"}]},
@@ -76,25 +82,88 @@ def test_identical_bytes(repo, monkeypatch, capsys):
 
 def test_other_bytes_same_conclusions_within_tolerance_pass(repo, monkeypatch, capsys):
     # another CPU: other hashes, seed 0 of mimetic 3 test images lower, the same verdicts
-    _state(repo, lock_hash="ccc", accs=((0.90 - 3 / 360, 0.80), (0.50, 0.40 + 1 / 360)))
-    assert TOLERANCE_TEST_IMAGES > 1.5
+    (m0, m1), (t0, t1) = ACCS
+    _state(repo, lock_hash="ccc", accs=((m0 - 3 / 360, m1), (t0, t1 + 1 / 360)))
     code, out = _verify_cli(repo, monkeypatch, capsys)
     assert code == 0, out
     assert "1 output(s) differ" in out and "every conclusion both runs have is the same" in out
-    assert "results/train/digits-mimetic: mean -1.5 of 360 (s0:-3 s1:+0)" in out
+    assert "  results/train/digits-*: seed SD 1.41 images" in out
+    assert "results/train/digits-mimetic: mean -1.5 of 360 (s0:-3 s1:+0), tolerance ±4.2" in out
     assert "verdict: reproduced" in out
 
 
 def test_a_cell_beyond_tolerance_fails(repo, monkeypatch, capsys):
     moved = 14 / 360
-    assert TOLERANCE_TEST_IMAGES < 14
-    _state(repo, lock_hash="ccc", accs=((0.90 - moved, 0.80 - moved), (0.50, 0.40)))
+    (m0, m1), tn = ACCS
+    _state(repo, lock_hash="ccc", accs=((m0 - moved, m1 - moved), tn))
     code, out = _verify_cli(repo, monkeypatch, capsys)
     assert code == 1
-    assert "digits-mimetic: mean -14.0 of 360" in out and "beyond tolerance" in out
+    assert "digits-mimetic: mean -14.0 of 360 (s0:-14 s1:-14), tolerance ±4.2  <-- beyond tolerance" in out
     assert "NOT reproduced: 1 cell(s) beyond tolerance" in out
     # a wider tolerance, asked for, lets it pass
     assert _verify_cli(repo, monkeypatch, capsys, "--tolerance-images", "20")[0] == 0
+
+
+# An Intel Xeon (AMX) re-run of a fresh clone (issue 63): each seed's move from the committed AMD
+# run, in test images of 360. The main grid's are recorded as a range (-6 to +5 per seed, cell means
+# within ±1.2): here its extremes, at those means.
+INTEL = {"results/studies/data_size/digits-0.1-impulse3": (2, 16, 9),
+         "results/studies/data_size/digits-0.1-trunc_normal": (-2, 10, 10),
+         "results/studies/data_size/digits-0.1-mimetic": (-7, 1, 3),
+         "results/studies/heads_width/digits-h6-impulse3": (0, 1, 5),
+         "results/studies/heads_width/digits-h6-trunc_normal": (0, 1, -2),
+         **{f"results/train/digits-{init}": moves for init, moves in (
+             ("impulse3", (-6, 5, 1, 2, 4)), ("trunc_normal", (5, -6, -1, -2, -2)), ("mimetic", (-6, 5, 0, 0, 0)),
+             ("impulse5", (5, -6, 0, 0, 0)), ("kaiming_uniform", (-6, 5, 1, 0, 0)), ("mimetic_qk", (0, 0, 0, 0, 0)))}}
+
+
+def _committed_cells_moved(tmp_path, moves: dict) -> Path:
+    """A repository whose commit holds this project's committed cells of `moves`' kinds, and whose
+    workspace holds them moved by `moves` (cell -> test images per seed); a described contrast
+    moved as the Intel run moved the heads/width h6 one (+0.56 -> +1.67 points)."""
+    import shutil
+
+    def h6(diff):
+        return {"report": "heads_width.md", "conclusions": [], "described": [
+            {"id": "digits, h6: impulse3 vs trunc_normal", "role": "descriptive", "diff": diff, "verdict": ""}]}
+    _write(tmp_path, "dvc.lock", yaml.safe_dump({"stages": {"s": {"outs": [{"path": "results", "md5": "a.dir"}]}}}))
+    _write(tmp_path, "reports/conclusions/heads_width.json", h6(0.56))
+    for cell in moves:
+        shutil.copytree(REPO / cell, tmp_path / cell, ignore=lambda _, names: [n for n in names if n == "plots"])
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "committed run"]):
+        subprocess.run(cmd, cwd=tmp_path, check=True)
+    _write(tmp_path, "dvc.lock", yaml.safe_dump({"stages": {"s": {"outs": [{"path": "results", "md5": "b.dir"}]}}}))
+    _write(tmp_path, "reports/conclusions/heads_width.json", h6(1.67))
+    for cell, images in moves.items():
+        for seed, move in enumerate(images):
+            path = tmp_path / cell / f"seed{seed}/metrics.json"
+            metrics = json.loads(path.read_text())
+            path.write_text(json.dumps({**metrics, "final_test_acc": metrics["final_test_acc"] + move / 360}))
+    return tmp_path
+
+
+def test_the_intel_re_run_of_issue_63_reproduces(tmp_path, monkeypatch, capsys):
+    """Each kind's tolerance from its own committed seeds: the data-size 10 % cells' (144 training
+    images) spread far wider than the main grid's, and the moves above pass; the h6 contrast, a
+    3-seed study's, is described, not a conclusion."""
+    code, out = _verify_cli(_committed_cells_moved(tmp_path, INTEL), monkeypatch, capsys)
+    assert code == 0, out
+    tolerance = {c.cell.split("/")[-1]: c.tolerance for c in verify(tmp_path).cells}
+    assert tolerance["digits-0.1-impulse3"] > 9 > 6 > tolerance["digits-impulse3"]     # no one bound fits both
+    assert "every conclusion both runs have is the same" in out
+
+
+@pytest.mark.parametrize("cell, move", [("results/studies/data_size/digits-0.1-impulse3", 30),
+                                        ("results/studies/heads_width/digits-h6-trunc_normal", -8),
+                                        ("results/train/digits-impulse3", 6)])
+def test_a_move_beyond_its_kinds_tolerance_fails(tmp_path, monkeypatch, capsys, cell, move):
+    """Every seed of one cell moved `move` images further than the Intel run: beyond its kind's
+    tolerance (10 %: ±26.7 images, h6: ±6.2, main grid: ±3.9 for the committed seeds)."""
+    moves = {**INTEL, cell: tuple(m + move for m in INTEL[cell])}
+    code, out = _verify_cli(_committed_cells_moved(tmp_path, moves), monkeypatch, capsys)
+    assert code == 1 and out.rstrip().splitlines()[-1] == "verdict: NOT reproduced: 1 cell(s) beyond tolerance"
+    assert [c.cell for c in verify(tmp_path).cells_beyond_tolerance] == [cell]
 
 
 def test_a_changed_conclusion_fails(repo, monkeypatch, capsys):

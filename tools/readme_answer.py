@@ -1,46 +1,42 @@
-"""The README's answer in words: one plain sentence per dataset, the main table, and the
-headline's own convergence line, generated from the files the pipeline wrote. Not a pipeline
-stage: a refresher for the README, run after `dvc repro`.
+"""The README's answer, generated from the files the pipeline wrote: what the primary contrast
+detected and could detect, where the structured init ranks among every arm, the speed endpoint
+from the seeds that test it, the pooled estimate (post hoc), the budget's verdict, and the main
+table. Not a pipeline stage: a refresher for the README, run after `dvc repro`.
 
     python -m tools.readme_answer            # print it; exit 1 if the file or a page is stale
     python -m tools.readme_answer --write    # write docs/includes/readme_answer.md, refresh every page's blocks
 
-Reads reports/conclusions/main_table.json (the primary contrast at the final epoch and the
-speed endpoint, each with its paired interval and verdict), reports/summary.json (each arm's
-mean, std, interval and n), reports/headline.md (its "Epoch budget" line and the
-primary contrast at double that budget, quoted verbatim) and
-params.yaml (the epoch budget), and writes docs/includes/readme_answer.md, which the README quotes
-in an include block (structinit/reporting/readme.py). The sentence is built from the verdicts,
-not typed: a re-run whose conclusions differ says so in other words.
-
-In the table, the column is this rebuild's own numbers ("<dataset>: this rebuild") and the
-headline row is "Imp.-3 (the structured init)": the paper's method, at params.yaml's
-init.kernel. (The generated reports/headline.md labels the same row "Imp.-3 (ours)" and the
-column "digits: ours".)
-
-`--write` also refreshes every page's include blocks (structinit/reporting/readme.py's PAGES: the
-README and every docs page); tests/test_first_screen.py checks the answer, tests/test_readme_numbers.py
-the blocks.
+Every sentence is built from the verdicts and numbers in SOURCES, none typed: a re-run whose
+conclusions differ says so in other words. Post hoc looks (the primary at double the budget)
+stay in reports/headline.md, beside their caveats. `--write` also refreshes every page's include
+blocks (structinit/reporting/readme.py's PAGES).
 """
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
+import pandas as pd
 import yaml
 
+from structinit.pipeline.cells import main_cell
 from structinit.reporting import readme
 from structinit.reporting.presentation import init_label
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = "docs/includes/readme_answer.md"
-SOURCES = ("reports/conclusions/main_table.json", "reports/summary.json", "reports/headline.md", "params.yaml")
+SOURCES = ("reports/conclusions/main_table.json", "reports/summary.json", "reports/cells.csv", "reports/headline.md",
+           "results/evidence/replication/replication.json", "benchmarks/cpu_variation.md", "params.yaml",
+           "results/train/<the structured init's cell>/seed<first>/params.yaml (its CPU)")
 DATASET_NAMES = {"digits": "8×8 digits", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "svhn": "SVHN",
                  "imagenet": "ImageNet-1K"}
 REFERENCE = "trunc_normal"
+ORDINALS = {1: "1st", 2: "2nd", 3: "3rd"}
 
 
 def arm_name(init: str, headline: str) -> str:
@@ -62,39 +58,105 @@ def _interval(c: dict) -> str:
     return f"95 % CI {_points(c['ci_low'])} to {_points(c['ci_high'])}"
 
 
+def _seed_span(seeds) -> str:
+    s = sorted(int(x) for x in seeds)
+    return f"{s[0]}–{s[-1]}" if s == list(range(s[0], s[-1] + 1)) and len(s) > 2 else ", ".join(map(str, s))
+
+
 def _acc(x: float) -> str:
     return f"{x:.1f} %" if x < 90 else f"{x:.2f} %"
 
 
-def sentence(dataset: str, final: dict, speed: dict | None, epochs: int, headline: str) -> str:
-    """One plain sentence: what the headline arm changes against its reference early (the speed
-    endpoint) and at the end (the primary), each with its paired 95 % interval, from the verdicts."""
+def primary_sentence(dataset: str, final: dict, epochs: int, headline: str, detectable: str | None) -> str:
+    """The primary contrast at the budget: a null reads as "no difference detected", with what
+    the design could have detected."""
     a, b = arm_name(final["a"], headline), arm_name(final["b"], headline)
-    where = DATASET_NAMES.get(dataset, dataset)
-    n = final["n"]
-
-    def clause(c: dict, at: str, moved: dict[str, str]) -> str:
-        return (f"{moved[c['verdict']]} ({_acc(c['mean_a'])} against {_acc(c['mean_b'])} test accuracy {at}, "
-                f"{_points(c['diff'])} points, {_interval(c)})")
-
-    final_words = {">": "ends higher", "<": "ends lower", "~": "does not change the final accuracy"}
-    final_text = clause(final, f"at epoch {epochs}", final_words)
+    numbers = (f"{_acc(final['mean_a'])} against {_acc(final['mean_b'])} at epoch {epochs}, "
+               f"{_points(final['diff'])} points, {_interval(final)}, p = {final['p']:.2g}")
+    opening = f"On {DATASET_NAMES.get(dataset, dataset)} ({final['n']} seeds, paired; {epochs} epochs)"
     if final["verdict"] == "~":
-        final_text = final_text[:-1] + ", not distinguishable from 0)"
-    opening = f"On {where} ({n} seeds, paired; {epochs} epochs), {a}"
+        text = f"{opening}, no difference in final test accuracy was detected between {a} and {b}: {numbers}."
+    else:
+        text = f"{opening}, {a} ends {'higher' if final['verdict'] == '>' else 'lower'} than {b}: {numbers}."
+    if detectable:
+        text += (f" The design detects {detectable} points (80 % power, reports/headline.md); a smaller true "
+                 "difference would likely go unseen.")
+    return text
+
+
+def band(rank: int, arms: int) -> str:
+    """A rank in words coarse enough to hold where another CPU moves an arm by a place or so."""
+    if rank <= arms // 3:
+        return "among the highest"
+    if rank > arms - arms // 3:
+        return "among the lowest"
+    return "in the middle"
+
+
+def rank_sentence(runs: pd.DataFrame, headline: str, epochs: int, early: int | None, cpu_note: str) -> str:
+    """Where the headline arm ranks among every arm, at the budget and at the speed endpoint."""
+    parts = []
+    for column, at in (("acc", f"at epoch {epochs}"), ("speed_acc", f"at epoch {early}, the speed endpoint")):
+        if column not in runs or runs[column].isna().all() or (column == "speed_acc" and early is None):
+            continue
+        means = runs.groupby("init")[column].mean().sort_values(ascending=False)
+        rank = list(means.index).index(headline) + 1
+        place = ORDINALS.get(rank, f"{rank}th")
+        parts.append(f"{band(rank, len(means))} {at} ({place} of {len(means)} here: {_acc(means[headline])}; "
+                     f"{init_label(means.index[0])} first, {_acc(means.iloc[0])})")
+    if not parts:
+        return ""
+    return (f"Among every arm, {arm_name(headline, headline)} ranks " + " and ".join(parts) + ". " + cpu_note)
+
+
+def speed_sentence(speed: dict | None, replication: dict | None, headline: str) -> str:
+    """The speed endpoint's verdict from the seeds that test it: the replication's new seeds. On
+    the seeds that fixed the endpoint it only describes (reports/main_table.md says why)."""
     if speed is None:
-        return f"{opening}, against {b}, {final_text}."
+        return ""
     early = int(speed["family"].rsplit("epoch", 1)[1])
-    speed_words = {">": f"learns faster than {b} early on", "<": f"learns more slowly than {b} early on",
-                   "~": f"learns about as fast as {b} early on"}
-    speed_text = clause(speed, f"at epoch {early}", speed_words)
-    if speed["verdict"] == "~":
-        speed_text = speed_text[:-1] + ", not distinguishable from 0)"
-    join = ", and " if speed["verdict"] == final["verdict"] else ", but "
-    return f"{opening} {speed_text}{join}{final_text}."
+    a, b = arm_name(speed["a"], headline), arm_name(speed["b"], headline)
+    for r in (replication or {}).get("primary", []):
+        if ((r["dataset"], r["a"], r["b"]) == (speed["family"], speed["a"], speed["b"])
+                and math.isclose(r["stated"]["diff"], speed["diff"], abs_tol=1e-9)):
+            new = r["replication"]
+            found = {">": f"{a} is ahead of {b}", "<": f"{a} is behind {b}",
+                     "~": f"no difference between {a} and {b} was detected"}[new["verdict"]]
+            seeds = _seed_span(new["seeds"])
+            return (f"Early learning (test accuracy at epoch {early}, params.yaml contrasts.speed) is tested on new "
+                    f"seeds only: on seeds {seeds}, {found}, {_points(new['diff'])} points, {_interval(new)}, "
+                    f"p = {new['p']:.2g} (results/evidence/replication/replication.md; trained on "
+                    f"{replication['computed_on'].removeprefix('bf16 on ')}).")
+    return (f"Early learning (test accuracy at epoch {early}, params.yaml contrasts.speed) is not yet tested on new "
+            f"seeds (stage replication); on the seeds that fixed it, it describes: {a} − {b} "
+            f"{_points(speed['diff'])} points, {_interval(speed)}.")
 
 
-def table(summary: dict, headline: str) -> str:
+def pooled_sentence(final: dict, replication: dict | None, cpus: str) -> str:
+    """Both halves of the primary pooled: a look decided after both were seen, labelled so."""
+    for r in (replication or {}).get("primary", []):
+        pooled = r.get("pooled_post_hoc")
+        if (r["dataset"], r["a"], r["b"]) == (final["family"], final["a"], final["b"]) and pooled:
+            return (f"Post hoc, over all {pooled['n']} seeds ({cpus} and seeds "
+                    f"{_seed_span(r['replication']['seeds'])} from the replication on "
+                    f"{replication['computed_on'].removeprefix('bf16 on ')}, pooled after both were seen): "
+                    f"{_points(pooled['diff'])} points, 95 % CI {_points(pooled['ci_low'])} to "
+                    f"{_points(pooled['ci_high'])}.")
+    return ""
+
+
+def cpu_variation_note(text: str | None) -> str:
+    """How far the hardware alone moves a run, from benchmarks/cpu_variation.md."""
+    m = re.search(r"SD of a run's move between CPUs is ([\d.]+) points.*?differ with an SD of ([\d.]+) points",
+                  text or "", re.S)
+    if not m:
+        return ""
+    return (f"Another CPU moves a run about as much as another seed (SD {m[1]} against {m[2]} points, "
+            "benchmarks/cpu_variation.md), so read the rank by its words: the exact place can differ on another CPU.")
+
+
+def table(summary: dict, runs: pd.DataFrame, headline: str) -> str:
+    """Each arm's mean ± std over its seeds (reports/cells.csv, rounded once) and its interval."""
     datasets = [d for d in summary if isinstance(summary[d], dict) and "primary" in summary[d]]
     inits = [k for k in summary[datasets[0]] if k not in ("ours", "primary")]
     head = ["Method", *[f"{d}: this rebuild" for d in datasets], *(["95 % CI", "n"] if len(datasets) == 1 else [])]
@@ -102,13 +164,13 @@ def table(summary: dict, headline: str) -> str:
     for init in inits:
         cells = []
         for d in datasets:
-            arm = summary[d].get(init)
-            if arm is None:
+            seeds = runs[(runs.dataset == d) & (runs.init == init)].acc
+            if seeds.empty:
                 cells.append("")
                 continue
-            ref = summary[d].get(REFERENCE)
-            delta = f" ({arm['acc'] - ref['acc']:+.2f})" if ref and init != REFERENCE else ""
-            cells.append(f"{arm['acc']:.2f} ± {arm['std']:.2f}{delta}")
+            ref = runs[(runs.dataset == d) & (runs.init == REFERENCE)].acc
+            delta = f" ({seeds.mean() - ref.mean():+.2f})" if len(ref) and init != REFERENCE else ""
+            cells.append(f"{seeds.mean():.2f} ± {seeds.std():.2f}{delta}")
         if len(datasets) == 1:
             arm = summary[datasets[0]][init]
             cells += [f"[{arm['ci95_low']:.2f}, {arm['ci95_high']:.2f}]", str(arm["n"])]
@@ -120,32 +182,51 @@ def table(summary: dict, headline: str) -> str:
     return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
 
 
+def _optional(read, path: str) -> str | None:
+    try:
+        return read(path)
+    except FileNotFoundError:
+        return None
+
+
 def generate(read) -> str:
     """docs/includes/readme_answer.md from the files `read(path)` returns."""
     conclusions = json.loads(read("reports/conclusions/main_table.json"))["conclusions"]
     summary = json.loads(read("reports/summary.json"))
+    runs = pd.read_csv(io.StringIO(read("reports/cells.csv")))
     params = yaml.safe_load(read("params.yaml"))
     headline_md = read("reports/headline.md")
+    record = _optional(read, "results/evidence/replication/replication.json")
+    replication = json.loads(record) if record else None
+    cpu_note = cpu_variation_note(_optional(read, "benchmarks/cpu_variation.md"))
     datasets = [d for d in summary if isinstance(summary[d], dict) and "primary" in summary[d]]
     headline = summary[datasets[0]]["ours"]["init"]
-    sentences = []
+    detectable = dict(re.findall(r"^- (.+?): .*\n  Detectable with this design: ([\d.]+) points", headline_md, re.M))
+    paragraphs = []
     for d in datasets:
         primaries = [c for c in conclusions if c["role"] == "primary" and c["family"].split(",")[0] == d]
         final = next((c for c in primaries if c["family"] == d), None)
         if final is None or any(isinstance(final[k], float) and math.isnan(final[k]) for k in ("diff", "ci_low")):
             continue
         speed = next((c for c in primaries if c["family"].startswith(f"{d}, epoch")), None)
-        sentences.append(sentence(d, final, speed, params["recipes"][d]["train"]["epochs"], headline))
-    lines = headline_md.splitlines()
-    budget = ([line for line in lines if ": Epoch budget " in line]         # then the primary at double that budget
-              + [line.strip() for line in lines if line.startswith("  At double the budget (")])
+        epochs = params["recipes"][d]["train"]["epochs"]
+        early = int(speed["family"].rsplit("epoch", 1)[1]) if speed else None
+        seeds = sorted(runs[runs.dataset == d].seed.unique())
+        cpu = yaml.safe_load(read(f"results/train/{main_cell(d, headline)}/seed{seeds[0]}/params.yaml")).get("cpu")
+        cpus = f"seeds {_seed_span(seeds)} from the committed run on {cpu or 'an unrecorded CPU'}"
+        paragraphs += [primary_sentence(d, final, epochs, headline, detectable.get(d)),
+                       rank_sentence(runs[runs.dataset == d], headline, epochs, early, cpu_note),
+                       speed_sentence(speed, replication, headline),
+                       pooled_sentence(final, replication, cpus)]
+    budget = [line for line in headline_md.splitlines() if ": Epoch budget " in line]
     n = {summary[d][headline]["n"] for d in datasets}
     note = (f"Final-epoch test accuracy (%), mean ± std over {'/'.join(map(str, sorted(n)))} seeds, in brackets the "
             f"difference to {init_label(REFERENCE)}; 95 % interval of the mean. Imp.-k: the structured init "
             f"(the paper's method) with k×k filters; {init_label(headline)}, params.yaml's init.kernel, is the row "
-            f"the sentence tests.")
+            "the first sentence tests. Post hoc looks (the primary at double the budget) are in reports/headline.md.")
+    # the primary first, then the table (the README's first screen holds both), then the rest
     parts = [f"<!-- written by `python -m tools.readme_answer --write` from {', '.join(SOURCES)} -->",
-             "\n\n".join(sentences), table(summary, headline), note, *budget]
+             *paragraphs[:1], table(summary, runs, headline), note, *[p for p in paragraphs[1:] if p], *budget]
     return "\n\n".join(parts) + "\n"
 
 

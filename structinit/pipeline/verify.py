@@ -18,13 +18,15 @@ It judges the workspace, not the text of two dvc.lock files, in this order:
 5. Every report's conclusions (reports/conclusions/<report>.json): each tested statement's
    verdict against the committed one; statements only the workspace has are listed as new.
 
-Exit 1 when a cell's mean accuracy moved by more than the tolerance (in test images; the
-README states it and the measurement it comes from), a conclusion changed, or something the
+Exit 1 when a cell's mean accuracy moved by more than its kind's tolerance (in test images,
+from the committed seeds' spread: TOLERANCE_SDS), a conclusion changed, or something the
 commit has is missing from the workspace, unless that conclusion is fragile (its corrected p
 within a factor of 2 of alpha, here or in the committed run: float noise may flip it).
-Fragile changes are listed, never failed. The last line says why it fails, in one line,
-naming differing params there too. With nothing to compare with (no committed dvc.lock),
-verify() raises MissingFileError and the command exits 1 with its message.
+Fragile changes are listed, never failed. A pair a report only describes (every pair of a study
+with fewer seeds than a verdict needs) is no conclusion: it is in its record's "described", never
+compared. The last line says why it fails, in one line, naming differing params there too. With
+nothing to compare with (no committed dvc.lock), verify() raises MissingFileError and the command
+exits 1 with its message.
 """
 from __future__ import annotations
 
@@ -42,13 +44,14 @@ from structinit.data.specs import TEST_IMAGES
 from structinit.errors import StructinitError
 from structinit.io import MissingFileError
 
-# A cell's mean accuracy over seeds may move this many test images (docs/reproducibility.md):
-# settings that should not matter moved a digits cell's mean by at most 2.3
-# images (the committed default in fp32 under the old AVX2 pin vs bf16 on the CPU's own
-# kernels, same machine, 36 cells) and at 80 epochs by at most 0.7 (the amp-agreement benchmark);
-# about 2.5x the larger, so that noise passes and a real shift (a seed of 5 leaving its plateau,
-# ~60 images of mean) does not.
-TOLERANCE_TEST_IMAGES = 6
+# How far a cell's mean over its n seeds may move, in test images: TOLERANCE_SDS x sd x sqrt(2 / n),
+# sd the across-seed SD of its kind in the committed run (<kind>/seed*/metrics.json: pooled over the
+# commit's cells of that kind, each cell's own mean removed; cell_kind). Why: another CPU moves a run
+# about as much as another seed does (benchmarks/cpu_variation.md), so a mean's move is the difference
+# of two n-seed means, SD sd sqrt(2 / n); 3 of those let noise pass (a normal move beyond them: 1 in
+# 370) and fail a real shift. One bound for every cell does not fit: a data-size cell's seeds (144
+# training images) spread far wider than a main-grid cell's. Never below one image.
+TOLERANCE_SDS = 3
 CONCLUSIONS_DIR = "reports/conclusions"
 
 
@@ -58,6 +61,16 @@ class CellChange:
     dataset: str
     test_images: int
     seeds: dict[int, tuple[float, float]]          # seed -> (committed acc, workspace acc), fractions
+    seed_sd: float = math.nan                      # its kind's across-seed SD in the commit, test images
+    tolerance: float = math.nan                    # test images (tolerance_images)
+
+    @property
+    def kind(self) -> str:
+        return cell_kind(self.cell)
+
+    @property
+    def beyond_tolerance(self) -> bool:
+        return abs(self.mean_images_moved) > self.tolerance
 
     def images_moved(self, seed: int) -> float:
         before, after = self.seeds[seed]
@@ -81,11 +94,11 @@ class Verification:
     conclusions_changed: list[dict] = field(default_factory=list)   # {report, id, before, after, fragile}
     conclusions_new: list[str] = field(default_factory=list)
     conclusions_unmatched: list[str] = field(default_factory=list)
-    tolerance: float = TOLERANCE_TEST_IMAGES
+    tolerance: float | None = None              # asked for (--tolerance-images); None: each kind's own
 
     @property
     def cells_beyond_tolerance(self) -> list[CellChange]:
-        return [c for c in self.cells if abs(c.mean_images_moved) > self.tolerance]
+        return [c for c in self.cells if c.beyond_tolerance]
 
     @property
     def failing_conclusions(self) -> list[dict]:
@@ -197,6 +210,24 @@ def test_image_count(repo: Path, dataset: str) -> int:
                           f"which that file holds (./run.sh dvc repro download@{dataset})") from None
 
 
+def cell_kind(cell: str) -> str:
+    """results/studies/data_size/digits-0.1-impulse3 -> results/studies/data_size/digits-0.1-*:
+    the cells that differ only in their arm (the last part of the name) train alike."""
+    folder, _, name = cell.rpartition("/")
+    return f"{folder}/{name.rsplit('-', 1)[0]}-*"
+
+
+def seed_sd(cells: list[list[float]]) -> float:
+    """The across-seed SD pooled over cells, each cell's own mean removed; nan if no cell has 2 seeds."""
+    df = sum(len(a) - 1 for a in cells)
+    return math.sqrt(sum((x - sum(a) / len(a)) ** 2 for a in cells for x in a) / df) if df else math.nan
+
+
+def tolerance_images(sd: float, n: int) -> float:
+    """How far the mean over n seeds may move (TOLERANCE_SDS); one image where no spread is known."""
+    return 1.0 if math.isnan(sd) else max(1.0, TOLERANCE_SDS * sd * math.sqrt(2 / n))
+
+
 def _accuracies(read, files: list[str]) -> dict[tuple[str, int], tuple[str, float]]:
     """(cell folder, seed) -> (dataset, final test accuracy) for every metrics.json of a run."""
     out = {}
@@ -213,10 +244,11 @@ def _accuracies(read, files: list[str]) -> dict[tuple[str, int], tuple[str, floa
     return out
 
 
-def verify(repo: str | Path = ".", against: str = "HEAD", tolerance: float = TOLERANCE_TEST_IMAGES,
+def verify(repo: str | Path = ".", against: str = "HEAD", tolerance: float | None = None,
            status=None) -> Verification:
-    """Judge the workspace of `repo` against commit `against` (module docstring). status(repo)
-    -> stale stage names: `dvc status` (dvc_status) unless given."""
+    """Judge the workspace of `repo` against commit `against` (module docstring). tolerance: one
+    for every cell, in test images (None: each kind's own). status(repo) -> stale stage names:
+    `dvc status` (dvc_status) unless given."""
     repo = Path(repo)
     committed_lock = _git_show(repo, against, "dvc.lock")
     if committed_lock is None:
@@ -267,6 +299,12 @@ def verify(repo: str | Path = ".", against: str = "HEAD", tolerance: float = TOL
         change = by_cell[cell]
         change.seeds[seed] = (b, acc_after[key][1])
     v.cells = list(by_cell.values())
+    committed: dict[str, dict[str, list[float]]] = {}        # kind -> cell -> its seeds' accuracies
+    for (cell, _), (_, acc) in acc_before.items():
+        committed.setdefault(cell_kind(cell), {}).setdefault(cell, []).append(acc)
+    for c in v.cells:
+        c.seed_sd = seed_sd([[a * c.test_images for a in accs] for accs in committed[c.kind].values()])
+        c.tolerance = tolerance_images(c.seed_sd, len(c.seeds)) if tolerance is None else tolerance
 
     # 5. the conclusions both runs have
     for name in sorted({Path(f).name for f in _git_files(repo, against, CONCLUSIONS_DIR)}
@@ -327,12 +365,17 @@ def render(v: Verification, against: str) -> str:
                                   "and the workspace is up to date with it"])
     lines += [f"{len(v.outputs_changed)} output(s) differ in bytes from {against} (expected on another CPU: "
               "docs/reproducibility.md); comparing what they conclude.", "",
-              f"Accuracy per cell, in test images (workspace - {against}); tolerance: a cell's mean "
-              f"over seeds within ±{v.tolerance:g} images:"]
-    for c in v.cells:
-        seeds = " ".join(f"s{s}:{c.images_moved(s):+.0f}" for s in sorted(c.seeds))
-        flag = "  <-- beyond tolerance" if abs(c.mean_images_moved) > v.tolerance else ""
-        lines.append(f"  {c.cell}: mean {c.mean_images_moved:+.1f} of {c.test_images} ({seeds}){flag}")
+              f"Accuracy per cell, in test images (workspace - {against}); tolerance: "
+              + (f"a cell's mean over seeds within ±{v.tolerance:g} images (asked for):" if v.tolerance is not None else
+                 f"a cell's mean over its n seeds within {TOLERANCE_SDS} x sd x sqrt(2 / n) images, sd the across-seed "
+                 f"SD of its kind in {against}'s results (<kind>/seed*/metrics.json; docs/reproducibility.md):")]
+    for kind in dict.fromkeys(c.kind for c in v.cells):
+        cells = [c for c in v.cells if c.kind == kind]
+        lines.append(f"  {kind}: seed SD {cells[0].seed_sd:.2f} images")
+        for c in cells:
+            seeds = " ".join(f"s{s}:{c.images_moved(s):+.0f}" for s in sorted(c.seeds))
+            lines.append(f"    {c.cell}: mean {c.mean_images_moved:+.1f} of {c.test_images} ({seeds}), tolerance "
+                         f"±{c.tolerance:.1f}" + ("  <-- beyond tolerance" if c.beyond_tolerance else ""))
     lines += [f"  {m}  <-- not comparable" for m in v.cells_missing]
     lines += [f"  {m}  (new: listed, not compared)" for m in v.cells_new]
     lines += ["", "Conclusions (reports/conclusions/*.json):"]
@@ -354,8 +397,9 @@ def render(v: Verification, against: str) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--against", default="HEAD", help="the commit whose outputs to compare with (default HEAD)")
-    ap.add_argument("--tolerance-images", type=float, default=TOLERANCE_TEST_IMAGES,
-                    help=f"largest change of a cell's mean accuracy, in test images (default {TOLERANCE_TEST_IMAGES})")
+    ap.add_argument("--tolerance-images", type=float,
+                    help="largest change of any cell's mean accuracy, in test images (default: each kind's own, "
+                         "from the committed seeds' spread)")
     a = ap.parse_args(argv)
     try:
         v = verify(".", a.against, a.tolerance_images)

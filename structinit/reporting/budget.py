@@ -88,6 +88,14 @@ def doubling_moves(finals: pd.DataFrame) -> dict[int, dict[str, float]]:
     return {b: {i: float(means[i, 2 * b] - means[i, b]) for i in arms} for b in budgets if 2 * b in budgets}
 
 
+def seed_moves(finals: pd.DataFrame, arm: str, budget: int) -> list[float]:
+    """arm's move from budget to its double, seed by seed (points, exact as doubling_moves)."""
+    rows = finals[finals.init == arm]
+    exact = dict(zip(zip(rows.budget.astype(int), rows.seed), exact_accuracies(rows)))
+    return [float(exact[2 * budget, s] - exact[budget, s]) for s in sorted(set(rows.seed))
+            if (budget, s) in exact and (2 * budget, s) in exact]
+
+
 def move_text(move: float, tolerance: float = TOLERANCE) -> str:
     """A move as the reports print it: 2 decimals, more where 2 would round a move beside the
     tolerance onto it (+1.004 is not "+1.00", which would read as a pass)."""
@@ -117,10 +125,18 @@ def budget_sentence(finals: pd.DataFrame | None, epochs: int, label=str, toleran
         worst = max(moves[epochs], key=lambda i: abs(moves[epochs][i]))
         move = moves[epochs][worst]
         if abs(move) <= tolerance:
-            return (f"Epoch budget {epochs}: converged by the epoch evidence's criterion ({EPOCHS_MD}, "
+            # a pass whose largest mover still moves one way on every seed is a trend the
+            # criterion's mean-only tolerance hides: say so beside the verdict
+            each = seed_moves(finals, worst, epochs)
+            trend = len(each) > 1 and (all(m > 0 for m in each) or all(m < 0 for m in each))
+            edge = trend or abs(move) == tolerance
+            return (f"Epoch budget {epochs}: converged by the epoch evidence's criterion"
+                    f"{', on its edge' if edge else ''} ({EPOCHS_MD}, "
                     f"n = {n} seeds): doubling it to {2 * epochs} moves no arm's mean by more than "
                     f"{move_text(abs(move), tolerance).lstrip('+')} points ({label(worst)}; tolerance {tolerance:g}"
-                    + (", which it meets exactly)" if abs(move) == tolerance else ")"))
+                    + (", which it meets exactly)" if abs(move) == tolerance else ")")
+                    + (f", and {label(worst)} still {'gains' if move > 0 else 'loses'} on every seed "
+                       f"({min(each):+.2f} to {max(each):+.2f} points)" if trend else ""))
         others = [i for i, m in moves[epochs].items() if abs(m) > tolerance and i != worst]
         return (f"Epoch budget {epochs}: NOT converged by the epoch evidence's criterion ({EPOCHS_MD}, "
                 f"n = {n} seeds): doubling it to {2 * epochs} moves {label(worst)}'s mean by "

@@ -49,8 +49,8 @@ TABLES = [
                         "the same shape and seed (the paper publishes no solver numbers)"),
     ("attention.md", "per dataset: impulse mass on the pseudo-input vs real images, mean attention "
                      "distance per block (at init → trained, lower = more local), CKA; figures inline"),
-    ("data_size.md", "accuracy per initializer and training-set size at equal optimizer steps; which "
-                     "differences and which changes of the gap to Trunc Normal the seeds support"),
+    ("data_size.md", "accuracy per initializer and training-set size at equal optimizer steps; each "
+                     "difference and each change of the gap to Trunc Normal, with its interval"),
     ("convmixer_filters.md", "ConvMixer with learned vs frozen spatial filters: is a frozen impulse "
                              "as good as learned (the structured init's premise)?"),
     ("pseudo_input.md", "the structured init's pseudo-input (first → later blocks, shared or "
@@ -100,12 +100,13 @@ def studies_section(studies: dict[str, list[str]]) -> str:
     lines = ["## The studies", "",
              lead + ": each at the main grid's epoch budget (the data-size study holds its optimizer steps; "
              "each report's \"What ran\" says whether that budget is converged), on seeds of the main grid, "
-             "whose cells a study reuses where it can. Each report "
+             "whose cells a study reuses where it can. On at least 5 seeds a report "
              "tests the contrasts params.yaml plans for it (`studies.<study>.contrasts`, Holm within each "
              "family), states the smallest difference its design detects (80 % power), and the ConvMixer "
              "report tests the paper's \"frozen impulse ≈ learned\" for equivalence (TOST, margin in "
-             "params.yaml). The paper's numbers for these studies are secondary quotes, not checked against "
-             "the paper, and labelled so.", ""]
+             "params.yaml); on fewer (the embedded default's 3) it gives each pair's estimate and interval, "
+             "no verdict, and says why. The paper's numbers for these studies are secondary quotes, not "
+             "checked against the paper, and labelled so.", ""]
     for study, (name, what) in STUDY_REPORTS.items():
         where = (f"ran on {', '.join(studies[study])}" if studies.get(study) else
                  f"off in this configuration (`studies.{study}.datasets: []`; the report says how to bring it back)")

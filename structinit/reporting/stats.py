@@ -193,14 +193,16 @@ def bonferroni_interval(c: Contrast, m: int, alpha: float) -> tuple[float, float
 
 def planned_contrasts(groups: dict[str, dict], *, family: str = "", primary: tuple | None = None,
                       secondary: list[tuple] = (), alternative: str = "two-sided",
-                      alpha: float = ALPHA, describe_others: bool = True) -> list[Contrast]:
+                      alpha: float = ALPHA, describe_others: bool = True, tested: bool = True) -> list[Contrast]:
     """groups: arm -> {seed: value}. primary: (a, b) tested alone at alpha (`alternative`
     applies to it; secondary contrasts are two-sided); secondary: Holm-corrected together;
     every other pair of arms (in the groups' order) described: difference and interval only.
-    A planned pair naming an arm not in `groups` is skipped (not in this grid)."""
+    tested=False: the planned pairs are described too, first. A planned pair naming an arm not
+    in `groups` is skipped (not in this grid)."""
     planned = [(tuple(primary), "primary")] if primary else []
     planned += [(tuple(pair), "secondary") for pair in secondary]
-    planned = [(pair, role) for pair, role in planned if pair[0] in groups and pair[1] in groups]
+    planned = [(pair, role if tested else "descriptive") for pair, role in planned
+               if pair[0] in groups and pair[1] in groups]
     out = [_contrast(family, a, b, role, groups[a], groups[b], alternative if role == "primary" else "two-sided",
                      alpha) for (a, b), role in planned]
     testable = [i for i, c in enumerate(out) if c.role == "secondary" and not math.isnan(c.p)]
@@ -487,6 +489,11 @@ def recording_conclusions():
         _recording.pop()
 
 
+def record_tested(contrasts: list[Contrast], alpha: float = ALPHA) -> None:
+    """Record planned contrasts that a report prints in its own words (contrasts_block records its own)."""
+    _record(contrasts, alpha)
+
+
 def _record(items, alpha: float) -> None:
     for recorded in _recording:
         recorded.tested += [(item, alpha) for item in items]
@@ -495,6 +502,11 @@ def _record(items, alpha: float) -> None:
 def _describe(items) -> None:
     for recorded in _recording:
         recorded.described += items
+
+
+def record_described(contrasts: list[Contrast]) -> None:
+    """Record contrasts that a report prints in its own words as described: estimates, no verdict."""
+    _describe(contrasts)
 
 
 def conclusion_id(c) -> str:

@@ -11,6 +11,7 @@ function from STUDY_REPORTS and writes what it returns.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from dataclasses import dataclass
@@ -58,6 +59,19 @@ def _what_ran(params, study, extra, runs, budgets=None):
     return ("What ran: " + report.what_ran(params, datasets, s["seeds"], extra, vit=study != "convmixer")
             + budget + " Final-epoch test "
             "accuracy (%), mean ± std over seeds, n = seeds; " + stats.INTERVAL + ".")
+
+
+# A study states verdicts only on as many seeds as the main grid's rest on (params.yaml grid.seeds:
+# ">= 5"); with fewer it is descriptive: on 3, a paired t test has 2 degrees of freedom, and another
+# CPU's last bits flipped a heads/width verdict (issue 63: a fresh clone on an Intel Xeon).
+TESTED_FROM_SEEDS = 5
+DESCRIPTIVE_WHY = ("a paired test on so few seeds has 2 degrees of freedom, and another CPU moves a run about as much "
+                   "as another seed does (benchmarks/cpu_variation.md): enough to flip such a verdict")
+
+
+def tested(params: dict, study: str) -> bool:
+    """Does the study have the seeds for verdicts (TESTED_FROM_SEEDS)?"""
+    return len(params["studies"][study]["seeds"]) >= TESTED_FROM_SEEDS
 
 
 @dataclass(frozen=True)
@@ -132,6 +146,11 @@ def _planned_sections(params, study: str, runs, group_key: str, main: Path, with
     planned contrast's design detects."""
     plan = study_plan(params, study)
     families = report.study_groups(runs, group_key, within)
+    arms = set(runs[group_key])
+    if not tested(params, study):
+        described = [c for family, (_, groups) in families.items()
+                     for c in stats.planned_contrasts(groups, family=family, secondary=plan.planned, tested=False)]
+        return _estimates_block(described, params, study, label) + plan.not_run(arms, label) + extra
     contrasts = [c for family, (_, groups) in families.items()
                  for c in stats.planned_contrasts(groups, family=family, secondary=plan.planned, alpha=plan.alpha)]
     equivalences = [stats.tost_paired(groups[a], groups[b], margin, plan.alpha, family, (a, b))
@@ -141,11 +160,24 @@ def _planned_sections(params, study: str, runs, group_key: str, main: Path, with
     reference = main_grid_reference(params, main)
     detectable = stats.detectable_differences({f: g for f, (_, g) in families.items()}, plan.planned, plan.alpha,
                                               lambda family, a, b: reference(dataset_of[family], a, b))
-    arms = set(runs[group_key])
     return (stats.contrasts_block(contrasts, label, alpha=plan.alpha)
             + "\n" + plan.sentence(label, per) + plan.not_run(arms, label)
             + ("\n" + stats.equivalence_block(equivalences, label, claim=claim) if equivalences else "")
             + extra + "\n" + report.detectable_block(detectable, label))
+
+
+def _estimates_block(contrasts, params, study: str, label=str) -> str:
+    """A study without the seeds for verdicts: each pair's estimate and interval, recorded as described."""
+    stats.record_described(contrasts)
+    n = len(params["studies"][study]["seeds"])
+    return ("## Estimates (descriptive: no verdict)\n\n"
+            f"Generated from the runs above, with no test and no verdict: {n} seed{'s' * (n != 1)}, fewer than "
+            f"the {TESTED_FROM_SEEDS} a study's verdict needs (as the main grid's), because {DESCRIPTIVE_WHY}. "
+            f"With {TESTED_FROM_SEEDS} (`-S 'studies.{study}.seeds=[0,1,2,3,4]'`) the report tests the pairs "
+            f"params.yaml plans (`studies.{study}.contrasts`), listed first here. Each pair: its mean paired "
+            "difference over seeds (the arms of one seed share every weight their initializers do not set and the "
+            "data order) and its 95 % t-interval.\n\n"
+            + "\n".join(stats.contrast_line(c, label) for c in contrasts) + "\n")
 
 
 def _collect(runs: list[Run], logged=()):
@@ -281,7 +313,8 @@ def data_size(params, main: Path, studies: Path, out: Path, figures: Path | None
                                  row_label=init_label, col_label=images) + "\n\n"
             + figures_md
             + _planned_sections(params, "data_size", runs, "init", main, within="size", label=init_label,
-                                per=" (dataset, size)", extra=_gap_block(runs, study_plan(params, "data_size"), images))
+                                per=" (dataset, size)", extra=_gap_block(runs, study_plan(params, "data_size"), images,
+                                                                         tested(params, "data_size")))
             + "\n" + report.paper_main_block(s["inits"], note=(
                 "The paper has no data-size study. Its datasets differ in size and, for ImageNet-1K, "
                 "in recipe, so its columns are its only evidence on size, and a confounded one: "
@@ -302,9 +335,9 @@ def _data_size_runs(params, main, studies):
     return runs
 
 
-def _gap_block(runs, plan: StudyPlan, condition) -> str:
-    """Does each planned difference change from the main grid's set to the smaller ones? Empty
-    when no planned pair ran."""
+def _gap_block(runs, plan: StudyPlan, condition, tested: bool = True) -> str:
+    """Does each planned difference change from the main grid's set to the smaller ones? Tested,
+    or (tested=False) each change's estimate and interval. Empty when no planned pair ran."""
     changes, detectable = [], []
     for d, rows in runs.groupby("dataset", sort=False):
         groups = {key: dict(zip(g.seed.tolist(), g.acc.tolist()))
@@ -323,6 +356,19 @@ def _gap_block(runs, plan: StudyPlan, condition) -> str:
                               + _points(stats.min_detectable_difference(c.sd, c.n, level)))
     if not changes:
         return ""
+    if not tested:
+        def change(c):
+            ci = "" if math.isnan(c.ci_low) else f", 95 % CI [{c.ci_low:+.2f}, {c.ci_high:+.2f}]"
+            return f"{c.gap_other:+.2f} at {condition(c.other)}: change {c.gap_other - c.gap_base:+.2f}{ci}"
+        lines = []
+        for (d, a, b), group in itertools.groupby(changes, key=lambda c: (c.family, c.a, c.b)):
+            group = list(group)
+            lines.append(f"- {d}, {init_label(a)} − {init_label(b)}: {group[0].gap_base:+.2f} points at "
+                         f"{condition(group[0].base)}; " + "; ".join(map(change, group)) + f"; n = {group[0].n} paired")
+        return ("\n## Does each planned difference change as the data shrinks?\n\n"
+                "Generated, descriptive as the estimates above: per seed, (gap at the size) − (gap on the main "
+                "grid's set); their mean and its 95 % t-interval, no verdict.\n\n"
+                + "\n".join(lines) + "\n" + near_chance_caveat(runs))
     return ("\n## Does each planned difference change as the data shrinks?\n\n"
             "Generated: each planned pair's difference at each smaller size against the same difference "
             "on the main grid's set, paired by seed: per seed, (gap at the size) − (gap on the full set), a "
