@@ -22,18 +22,12 @@ def quoted(page: str) -> list[str]:
 
 def test_the_readme_quotes_the_answer_and_the_docs_quote_the_evidence():
     """The README quotes the generated answer (sentence and table: docs/includes/readme_answer.md,
-    tests/test_first_screen.py); the pipeline's own headline, the epoch evidence and the
-    timings are quoted in the docs pages readme.py checks, the GPU-hours table in
-    docs/scaling-out.md (checked by tests/test_first_screen.py)."""
+    tests/test_first_screen.py); docs/reports.md quotes the pipeline's own headline, and
+    docs/scaling-out.md the GPU-hours table (checked by tests/test_first_screen.py)."""
     assert "docs/includes/readme_answer.md" in quoted("README.md")
     assert "reports/headline.md" in quoted("docs/reports.md")
-    assert "benchmarks/fresh_repro.md" in quoted("docs/pipeline.md")
-    # the epoch evidence is quoted there while it is fresh, and only then (tests/test_evidence.py)
-    from tests.test_evidence import committed_freshness
-    assert (("results/evidence/epoch_budget/epochs.md" in quoted("docs/pipeline.md"))
-            == committed_freshness()["epoch_budget"].fresh)
     assert "docs/includes/gpu_hours.md" in quoted("docs/scaling-out.md")
-    assert {"docs/pipeline.md", "docs/reports.md"} <= set(readme.PAGES)
+    assert {"docs/reports.md", "docs/scaling-out.md"} <= set(readme.PAGES)
 
 
 def test_the_readme_cpu_time_is_the_fresh_repro_files():
@@ -80,41 +74,3 @@ def test_the_committed_readme_quotes_the_committed_files_not_a_reruns(tmp_path):
     (tmp_path / "README.md").write_text(                                     # an edit of the page
         "y\n<!-- include: reports/headline.md -->\nImp.-3 95.10\n<!-- end include -->\n")
     assert readme.stale_blocks(tmp_path) == ["README.md: reports/headline.md"]
-
-
-def test_the_start_up_figures_in_the_docs_are_the_benchmark_files():
-    """docs/pipeline.md's start-up paragraph quotes benchmarks/stage_startup.out.txt (the
-    benchmark's own output, committed with its command): each "min / median" pair there is a row
-    of that table, after (this checkout) or before (the baseline)."""
-    text = (REPO / "docs/pipeline.md").read_text()
-    paragraph = text[text.index("**Start-up.**"):text.index("measures all of it")]
-    table = (REPO / "benchmarks/stage_startup.out.txt").read_text()
-    pairs = set()
-    for line in table.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        for cell in cells[1:]:
-            m = re.fullmatch(r"(\d+\.\d+) / +(\d+\.\d+)", cell)
-            if m:
-                pairs.add((m[1], m[2]))
-    quoted_pairs = re.findall(r"(\d+\.\d+) / (\d+\.\d+)", paragraph)
-    assert len(quoted_pairs) >= 6
-    assert not [p for p in quoted_pairs if p not in pairs], f"not in benchmarks/stage_startup.out.txt: {quoted_pairs}"
-    # after first, then before, for the rows quoted both ways
-    rows = {cells[0]: cells[1:] for cells in ([c.strip() for c in line.strip().strip("|").split("|")]
-                                              for line in table.splitlines() if line.startswith("| "))}
-    for row in ("check_params (whole stage)", "import stages.preoptimize", "import stages.attention_report",
-                "train digits cell: start to first step"):
-        after, before = (re.sub(r" +", " ", c) for c in rows[row])
-        assert after in paragraph and before in paragraph and paragraph.index(after) < paragraph.index(before), row
-
-
-def test_the_reference_solve_figures_in_the_docs_are_the_benchmark_files():
-    text = (REPO / "docs/pipeline.md").read_text()
-    said = text[text.index("benchmarks.reference_solve_speed` measures it"):][:400]
-    rows = [[c.strip() for c in line.strip("|").split("|")]
-            for line in (REPO / "benchmarks/reference_solve_speed.out.txt").read_text().splitlines()
-            if line.startswith("| ") and "way" not in line]
-    stacked = min(float(r[3]) for r in rows if r[0].startswith("stacked"))
-    alone = sorted(float(r[3]) for r in rows if r[0].startswith("one by one"))
-    assert f"**{stacked:.2f} s** per kernel stacked against {alone[0]:.2f}-{alone[-1]:.2f} s" in said
-    assert "same bits: yes" in (REPO / "benchmarks/reference_solve_speed.out.txt").read_text()
