@@ -3,19 +3,12 @@ against the committed run's, beside `./run.sh verify`'s tolerance and the fragil
 
     python -m benchmarks.cpu_variation [--out benchmarks/cpu_variation.md]
 
-Reads the epoch benchmark's earlier runs on an Intel Xeon at the recipe's own budget
-(benchmarks/epochs_intel.csv: budgets 40-160 of the epoch evidence's epochs.csv before that file was
-re-run on the committed run's CPU; the CPU its `cpu` column names) and the committed main-grid
-runs of the same initializer and seed (results/train/<dataset>-<init>/seed<s>/: on the CPU each
-run logged beside its params), and
-writes, per cell, each seed's move (this workspace's run - the other CPU's) in points and test
-images, the cell mean's move against verify's tolerance; then the moves' spread against the
-seed-to-seed spread on one CPU, and the primary contrast on the shared seeds on each CPU, its
-p against the fragile band.
-
-Confounded, and said so in the output: the other CPU's runs come from the epoch benchmark,
-which stacked every initializer's seeds into one batched run (18 models) where the pipeline
-stacks one cell's (5), and from the trainer of that day; a move is CPU + stacking + code.
+Reads an Intel Xeon's runs at the recipe's budget (benchmarks/epochs_intel.csv, from the epoch
+benchmark) and the committed main-grid runs of the same initializer and seed, and writes per
+cell each seed's move in points and test images and the cell mean's move against verify's
+tolerance; then the moves' spread against the seed-to-seed spread, and the primary contrast on
+the shared seeds on each CPU, its p against the fragile band. Confounded, and said so: the
+Intel runs stacked 18 models where the pipeline stacks 5, with that day's trainer.
 """
 import argparse
 import json

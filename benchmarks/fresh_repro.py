@@ -1,32 +1,17 @@
 """End to end: the default `dvc repro` in a fresh clone, timed stage by stage.
 
     python -m benchmarks.fresh_repro [--target aggregate] [--repo .] [--keep] [--write FILE]
+                                     [--out-dir benchmarks] [--deadline SECONDS]
 
-Clones the repository's committed HEAD into a temporary folder (what a user gets: no DVC
-cache, nothing run yet; commit first to measure local changes), runs `dvc repro <target>`
-there with this environment's Python on PATH (both by tools/scratch.py, the one way to run the
-pipeline in a scratch copy), and prints each stage family's count and
-seconds (from the moments DVC announces each stage) and the whole wall time. The default
-target, `aggregate`, is the main table alone (download -> preoptimize -> train -> aggregate);
-`--target ''` runs everything, every study included. Last line: `wall: <seconds> s`.
-
-`--write FILE` also writes the figures as markdown after the run (docs/pipeline.md quotes
-benchmarks/fresh_repro.md, written by `--target '' --write benchmarks/fresh_repro.md`; the
-README states its minutes, checked by tests/test_first_screen.py): the
-commit, the CPU, the threads, each stage's seconds and the dtype its training computed in (as
-the trainer printed it). The file lives outside DVC's outputs: a time is not the same bytes
-twice.
-
-On a GPU machine the training stages use CUDA by themselves (nothing to set: every stage is a
-child of this Python, which sees the GPU). `--out-dir benchmarks` writes that run's own file,
-one per card and commit: benchmarks/fresh_repro-<card>-<commit>.md (tools/probe_file.py's
-fresh_repro_name: the card's name as in the probe's files, the clone's commit), headed by the
-card; the README's GPU minutes for the default come from the newest complete one
-(tools/probe_file.py's readme_gpu_default). `--deadline SECONDS` bounds the whole command: at
-that moment dvc and its stages are ended, and the file says the run was cut short (which stages
-finished, which did not) instead of giving minutes. `python -m benchmarks.gpu_session` runs the
-probe and then this (`--target '' --out-dir benchmarks --deadline ...`) as one command of at
-most 10 minutes.
+Clones the committed HEAD into a temporary folder (tools/scratch.py: no DVC cache, nothing run
+yet; commit first to measure local changes), runs `dvc repro <target>` there (`--target ''`:
+everything, every study included) and prints each stage family's count and seconds and the
+wall time (last line: `wall: <seconds> s`). `--write FILE` also writes them as markdown with
+the commit, the CPU, the threads and each training stage's dtype (benchmarks/fresh_repro.md,
+which the README and docs quote). On a GPU machine `--out-dir benchmarks` writes
+benchmarks/fresh_repro-<card>-<commit>.md instead (tools/probe_file.py: the README's GPU minutes
+come from the newest complete one). `--deadline` ends dvc and its stages at that moment; the
+file then says the run was cut short.
 """
 import argparse
 import collections

@@ -5,25 +5,14 @@ each writing its own file per card and commit, together in at most 10 minutes.
     python3 -m benchmarks.gpu_session --copy-to "$OUT"    # and copy both files there
     python3 -m benchmarks.gpu_session --dry-run           # print the plan (what runs, each one's seconds)
 
-What it runs, one after the other, with this Python:
-  1. where the project's packages are missing (a stock PyTorch image has torch and timm but not
-     dvc, pydantic, ...) and a folder of wheels `.whl/` is in the repository root, they are
-     installed from it into /tmp/site and put on PYTHONPATH and PATH for what follows
-     (docs/scaling-out.md says how to fetch them); where `python` is not on PATH (the image has
-     `python3` alone; every stage's command calls `python`), a two-line `python` runs this one;
-  2. `python -m benchmarks.gpu_probe --budget B`: benchmarks/gpu_probe-<card>-<commit>.md, with
-     B = what is left of --total after the set-up, less --fresh (the probe ends in its budget:
-     a part whose share is gone is skipped, and says so);
-  3. `python -m benchmarks.fresh_repro --target '' --out-dir benchmarks --deadline D`: the
-     default's every stage from a fresh clone of the committed HEAD (commit first: uncommitted
-     changes are not in a clone), benchmarks/fresh_repro-<card>-<commit>.md, with D = what is
-     left of --total. A run that needs more than D is ended then, and its file says it was cut
-     short (the stages that finished, each one's seconds) instead of giving minutes.
-
---total (585 s) leaves 15 s of a 10-minute command for starting and copying; --fresh (300 s)
-is the default's target on one H100-class GPU (issue 50), so the probe gets about 270 s (it took
-253 s without its profile part on an H200 at 02d9857). Imports only the standard library, so it
-runs before the packages are installed.
+1. Where the project's packages are missing and `.whl/` holds their wheels, installs them into
+   /tmp/site (on PYTHONPATH and PATH for what follows); where `python` is not on PATH, a
+   two-line `python` runs this one (every stage's command calls `python`).
+2. `python -m benchmarks.gpu_probe --budget B`, B = what --total leaves after set-up, less --fresh.
+3. `python -m benchmarks.fresh_repro --target '' --out-dir benchmarks --deadline D` (a fresh
+   clone of the committed HEAD), D = what is left of --total.
+--total (585 s) leaves 15 s of a 10-minute command for starting and copying; --fresh (300 s) is
+the default's target on one GPU. Standard library only: it runs before the packages are installed.
 """
 from __future__ import annotations
 

@@ -3,41 +3,87 @@
     python -m benchmarks.step_floor [--dtype bf16] [--models 5] [--batch 32] [--steps 10]
                                     [--repeats 5] [--no-compile] [--trainer-speedup X]
 
-Times one chunk's training step (StackedModels.loss_and_grads: forward, loss, backward; not the
-optimizer, not the augmentation) of the default digits cell (params.yaml's digits model, Trunc
-Normal, `--models` seeds stacked the batched way, `--batch` images each, single-threaded: as
-each of the CPU trainer's chunks runs, one per core), against:
-
-- compiled: the same step with the batched module under `torch.compile` (inductor fuses the
-  elementwise work into generated C++ loops; the matmuls stay oneDNN/MKL calls). A speed
-  alternative measured here, not adopted by the trainer (docs/pipeline.md#speed says why);
-- floors: the step's own kernels, recorded by a dispatch mode while it runs (forward and
-  backward, with the dtypes autocast chose and the attention kernel the trainer picks) and
-  replayed on fresh tensors of the same shapes, strides and dtypes:
-  - GEMMs: every matmul and convolution;
-  - heavy: those plus every softmax, GELU and fused attention call (exp/erf work);
-  each replayed in the step's order ("in sequence": every call on its own inputs, so mostly
-  from memory, not cache), and each call timed alone, repeated ("hot": its inputs in cache,
-  the most generous figure).
-
-Contenders are interleaved so that machine load hits them alike; each prints ms per step (min /
-median over `--repeats` timings of `--steps` steps). The ceiling is today's step over the hot
-heavy floor, paired within each repeat (median and min over repeats): how much faster the step
-could get if it cost nothing but those kernels, each at its hot speed. Everything else the step
-does (LayerNorm, residuals, autocast's casts, the loss) costs time on top, so the true ceiling is
-lower. `--trainer-speedup X` (today's trainer against the issue's baseline, as
-`python -m benchmarks.trainer_speed` prints it) adds that ceiling against the baseline, X times
-today's, which assumes a whole run's time scales with the step's (the step is most of it).
+Times one chunk's training step (StackedModels.loss_and_grads: forward, loss, backward) of the
+default digits cell, single-threaded as each CPU chunk runs, against the same step under
+`torch.compile` and against floors: the step's own kernels, recorded while it runs and replayed
+on fresh tensors (GEMMs: every matmul and convolution; heavy: those plus softmax, GELU and fused
+attention), in the step's order ("in sequence") and each timed alone, repeated ("hot", the most
+generous). Contenders are interleaved; each prints ms per step (min / median). The ceiling is
+today's step over the hot heavy floor, paired per repeat; `--trainer-speedup X`
+(benchmarks.trainer_speed's figure) adds that ceiling against its baseline.
 """
 import argparse
+import contextlib
 import statistics
 import time
+from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-from benchmarks.attention_kernels import batched_stack, chunk_step, one_thread
+from structinit.pipeline.load import load_params
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_stack(n_models: int, image_size: int | None = None):
+    """n_models digits ViTs (params.yaml's recipe, Trunc Normal, seeds 0..n-1) stacked the
+    batched way, and the recipe's label smoothing; image_size: digits resampled to that side
+    (patch 1: image_size**2 tokens), the recipe's 8 by default."""
+    import dataclasses
+
+    import structinit as si
+    from structinit.data.specs import DATASETS
+    from structinit.pipeline.build import build_model
+    from structinit.training.stacked import StackedModels
+
+    rec = load_params(REPO / "params.yaml")["recipes"]["digits"]
+    spec = dataclasses.replace(DATASETS["digits"], image_size=image_size or DATASETS["digits"].image_size)
+    models = []
+    for seed in range(n_models):
+        models.append(build_model(rec["model"], spec))
+        si.initialize(models[-1], "trunc_normal", seed=seed)
+    return StackedModels(models, plain=False).train(), rec["train"]["label_smoothing"]   # batched, even for one
+
+
+@contextlib.contextmanager
+def one_thread():
+    """One intra-op thread, as each chunk of the CPU trainer runs; the process's count restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def batched_stack(n_models: int, image_size: int | None = None):
+    """make_stack, refused (SystemExit) where the model does not take the batched way."""
+    stack, smoothing = make_stack(n_models, image_size)
+    if stack.batched is None:
+        raise SystemExit("the digits model does not take the batched way: nothing to measure")
+    return stack, smoothing
+
+
+def chunk_step(stack, smoothing: float, batch: int, dtype: str, side: int = 8):
+    """One chunk's training step of `stack` as the CPU trainer runs it (forward, label-smoothed
+    loss, backward: StackedModels.loss_and_grads) on fixed random images (N, batch, 1, side,
+    side) and labels, under bf16 autocast or in fp32; a function of no arguments."""
+    x = torch.randn(stack.n, batch, 1, side, side)
+    y = torch.randint(0, 10, (stack.n, batch))
+
+    def loss(logits, labels):
+        from structinit.training.stacked import mean_cross_entropy
+        return mean_cross_entropy(logits, labels, smoothing)
+
+    def context():
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16")
+
+    def step():
+        return stack.loss_and_grads(x, y, loss, context)
+    return step
+
 
 aten = torch.ops.aten
 TODAY, COMPILED = "today (eager)", "compiled (torch.compile, inductor)"

@@ -3,25 +3,13 @@
     python -m benchmarks.trainer_speed [--baseline 896fbb7] [--dtypes fp32 bf16] [--epochs 4]
                                        [--repeats 3] [--portable] [--train-size N]
 
-Each contender trains the default digits cell (params.yaml's recipe, Trunc Normal, 5 seeds
-stacked, as `dvc repro` does) for a few epochs in a process of its own (numerics settings are
-read once per process), with the code of its commit: the baseline from a `git worktree` of
---baseline (under .cache/), today's from this checkout; once per --dtypes entry (the recipe's
-amp set to "off" or "bf16": on a CPU without native bf16, bf16 is emulated and slow, and
-amp=auto picks fp32 there). Repeats alternate between contenders, so machine load hits all
-alike. Per contender the child process also measures
-
-- the machine's GEMM rate for the dtype the trainer computes in, under that process's own
-  settings: a 1024^3 matmul, and the model's own Linear shapes as the stack runs them
-  (batched over the 5 models, rows = batch x tokens; the FLOP-weighted rate of the four),
-- the FLOPs of one training image (forward + backward, torch.utils.flop_counter),
-
-and prints model-images/s (min/median over repeats, the median over a run's epochs after
-the first), the trainer's GFLOP/s and that as a fraction of both GEMM rates, and last
-`speedup: X` = median today / median baseline (of the dtype amp=auto picks on this CPU).
---portable adds the baseline under MKL's portable path (MKL_CBWR=COMPATIBLE with the AVX2
-pin): what bytes equal across Intel and AMD would cost (docs/reproducibility.md).
-Runs unchanged on a GPU (GEMM and trainer there).
+Each contender trains the default digits cell (5 seeds stacked, as `dvc repro` does) for a few
+epochs in a process of its own, with its commit's code (the baseline from a `git worktree`
+under .cache/), once per --dtypes entry; repeats alternate between contenders. Each child also
+measures the GEMM rate for its dtype (a 1024^3 matmul and the model's own Linear shapes) and the
+FLOPs of one training image. Prints model-images/s (min / median), GFLOP/s and its share of
+both GEMM rates, and last `speedup: X` = median today / median baseline. --portable adds the
+baseline under MKL's portable path (MKL_CBWR=COMPATIBLE with the AVX2 pin; docs/reproducibility.md).
 """
 import argparse
 import json

@@ -22,8 +22,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import structinit as si
 from tools import gpu_hours
-from tools.gpu_hours import conv_backward_flops, count_train_flops
-from tools.probe_file import PRICED, RATE_ROW, read_probe
+from tools.gpu_hours import RATE_ROW, conv_backward_flops, count_train_flops, read_probe
+from tools.probe_file import PRICED
 from structinit.config import FILTER_MODES
 from structinit.pipeline.load import load_params
 

@@ -32,7 +32,7 @@ def test_sincos_encoding_has_timm_s_bits(grid, dim):
 
 def test_geometry_imports_no_timm():
     """`structinit.models.vit`'s geometry (and the Q/K solve built on it) loads without timm: the
-    preoptimize stage pays torch's import, not timm's model zoo (benchmarks/stage_startup.py)."""
+    preoptimize stage pays torch's import, not timm's model zoo."""
     import subprocess
     import sys
 

@@ -317,7 +317,7 @@ def test_variants_are_checked_against_their_initializers_options():
 
 def test_check_params_imports_neither_torch_nor_timm():
     """The first stage of every `dvc repro` is a second's work: the schema reads initializer
-    names from their files (benchmarks/stage_startup.py measures it)."""
+    names from their files."""
     code = ("import sys; from structinit.pipeline.params import check_params_file; check_params_file(); "
             "print(sorted(m for m in ('torch', 'timm', 'torchvision') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)

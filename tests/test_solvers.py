@@ -183,7 +183,7 @@ def test_softness_is_a_parameter():
 
 
 def test_closed_form_at_the_official_softness_on_vit_b16():
-    """Its speed is a benchmark's business (benchmarks/preopt.py): a timing assert fails on a
+    """Its speed is a benchmark's business: a timing assert fails on a
     loaded machine and proves nothing on an idle one."""
     official = softness_law.read_csv(LAW)[(14, 768, 12, 3, 0)]
     sol = solve_impulse_qk((14, 14), 768, 12, 12, kernel=3, seed=0)

@@ -194,7 +194,7 @@ def test_fused_attention_only_off_on_cpu():
 
 def test_batched_stack_trains_explicit_attention_only_on_cpu_in_bf16():
     """The batched stack keeps the fused kernel except on CPU in bf16, where its backward is
-    several times slower than timm's explicit path (benchmarks/attention_kernels.py); the
+    several times slower than timm's explicit path; the
     vmap stack is explicit on CPU whatever the dtype. ("meta" stands in for a GPU.)"""
     stack = StackedModels(_vits([0, 1]))
     attns = [m for m in stack.base.modules() if hasattr(m, "fused_attn")]

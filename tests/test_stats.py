@@ -123,27 +123,6 @@ def test_replication_report_tests_each_planned_conclusion_on_the_new_seeds():
     assert "[5, 6, 7, 8, 9] (replication, disjoint)" in text
 
 
-def test_preopt_benchmark_interleaves_its_repeats(monkeypatch, capsys):
-    """The official solver and the closed form alternate, so machine load hits both alike."""
-    from types import SimpleNamespace
-
-    from benchmarks import preopt
-
-    calls = []
-
-    def fake_solve(shape, **opts):
-        calls.append((shape["embed_dim"], opts.get("solver")))
-        sol = SimpleNamespace(solver_info={"layer0": {}}, fit_mse=0.0, target_mass=0.5, offsets=[[(0, 0)]])
-        return 1.0, sol
-
-    monkeypatch.setattr(preopt, "solve", fake_solve)
-    monkeypatch.setattr("sys.argv", ["preopt", "--repeats", "3"])
-    preopt.main()
-    vit_t2 = [s for c, s in calls if c == 192]
-    assert vit_t2 == ["adam", "closed_form"] * 3
-    assert capsys.readouterr().out.strip().endswith("ratio: 1")
-
-
 def test_fragile_is_within_a_factor_of_two_of_alpha():
     from structinit.reporting.stats import is_fragile
     assert [is_fragile(p) for p in (0.0249, 0.025, 0.045, 0.05, 0.1, 0.1001, float("nan"))] == \

@@ -7,7 +7,7 @@ import torch
 import yaml
 
 from benchmarks import step_floor
-from benchmarks.attention_kernels import REPO
+from benchmarks.step_floor import REPO
 from benchmarks.step_floor import EXP_ERF, GEMMS, RecordOps, _TensorSpec, hot_timer, replayer
 
 DEPTH = yaml.safe_load((REPO / "params.yaml").read_text())["recipes"]["digits"]["model"]["depth"]

@@ -1,40 +1,22 @@
-"""GPU-hours of the paper's grid: counted FLOPs x images x epochs, at the rate a GPU was measured at.
+"""GPU-hours of the paper's grid, priced from a GPU probe file: counted FLOPs x images x epochs
+at the rate the probe measured.
 
     python -m tools.gpu_hours [--probe benchmarks/gpu_probe-<card>-<commit>.md] [--seeds 5] [--study-seeds 3]
                               [--tflops T] [--decode 1000] [--write [docs/includes/gpu_hours.md]]
 
-The rate is measured, not assumed: the committed probe file (by default tools/probe_file.py's
-PRICED, benchmarks/gpu_probe-h200-02d9857.md, written by `python -m benchmarks.gpu_probe` on a
-GPU: its title names the card, torch and the commit; one file per card and commit sits beside
-it, and probe_file.py says which one is priced) gives the images/s of ViT-T/2 trained end to end
-by the project's trainer with the paper's recipe (RandAugment, flips, batch 512, bf16) on the
-card it names, at the commit it names. That
-rate prices the rows that train that model with that recipe (CIFAR-10's main table, the
-pseudo-input study); every other row is labelled "assumed": CIFAR-100 and SVHN train the same
-ViT-T/2 (up to its head) at CIFAR-10's images/s, so their time scales by images; the other
-models (ImageNet's ViT-T/16, the heads/width study's shapes, the ConvMixers) at the TFLOP/s the
-measured ViT-T/2 reached (its rate x its counted FLOPs per image), or at --tflops. ImageNet is
-bounded below by JPEG decoding as well: --decode is the images/s each GPU's CPU workers deliver
-(the official command: 10 workers per GPU). Evaluation, solves and data preparation are not
-counted. A probe file without that rate (a --tiny run, a part that failed) is refused.
-
-The grid is the paper's: its main table's five initializers (Kaiming Uniform, Trunc Normal,
-Mimetic, Imp.-3, Imp.-5) x --seeds on each of its four datasets, and its studies at the paper's
-sizes. An initializer params.yaml's grid trains beyond the paper's five (the project's sixth arm,
-Mimetic Q/K only) is priced on a line of its own, after the paper's total and outside it.
-
-FLOPs per training image (forward + backward) are counted on the very models the pipeline
-builds (torch's FlopCounterMode, one step of batch 2 on the meta device), per recipe in
-params.yaml. The counter counts the matrix products and convolutions (2 FLOPs per multiply-add),
-which are all but a fraction of a percent of the work; norms, activations, softmax and the optimizer step are not
-counted. Two of its gaps are closed here (see `count_train_flops`): attention runs as explicit
-matmuls, and grouped convolutions' gradients are counted per group. Prints a table per block of
-the grid, the total and the memory of a CIFAR cell (from the probe file); --write also writes it
-to docs/includes/gpu_hours.md, which docs/scaling-out.md quotes (python -m tools.readme_answer --write refreshes it).
+read_probe takes the card, torch, the commit and the ViT-T/2 rate (the trainer end to end, the
+paper's CIFAR recipe) from the file (default: tools/probe_file.py's PRICED); a file without the
+rate (a --tiny run) is refused. That rate prices the rows of that model and recipe; the others
+are "assumed": CIFAR-100 and SVHN at CIFAR-10's images/s, other models at the TFLOP/s the
+measured ViT-T/2 reached (or --tflops), ImageNet at most --decode JPEG-decoded images/s per GPU.
+FLOPs per training image are counted on the pipeline's own models (count_train_flops). An arm
+beyond the paper's five (mimetic_qk) is its own line, outside the total. --write writes
+docs/includes/gpu_hours.md, which docs/scaling-out.md quotes.
 """
 import argparse
 import copy
 import functools
+import re
 import sys
 from math import prod
 from pathlib import Path
@@ -50,58 +32,92 @@ from structinit.pipeline.cells import main_inits
 from structinit.pipeline.load import load_params
 from structinit.reporting.paper import HEADS_WIDTH_INITS as PAPER_HEADS_WIDTH_INITS, MAIN as PAPER_MAIN
 from structinit.reporting.presentation import init_label
-from tools.probe_file import PRICED, REPO, ProbeFileError, read_probe
+from tools.probe_file import PRICED, REPO
 
-# The main table is priced at the paper's five initializers on its four datasets; an arm
-# params.yaml's grid adds (mimetic_qk, the project's sixth) is priced on a line of its own
-# (extra_arms). The studies are priced at the paper's sizes, whatever params.yaml trims them to
-# on digits, so their counts come from its tables.
+# The paper's grid: the main table's five initializers on its four datasets, the studies at the
+# paper's sizes (whatever params.yaml trims them to on digits).
 PAPER_MAIN_INITS = len(PAPER_MAIN)                  # Kaiming Uniform, Trunc Normal, Mimetic, Imp.-3, Imp.-5
 MAIN_DATASETS = ("cifar10", "cifar100", "svhn", "imagenet")    # the paper's main-table columns
 HEADS_WIDTH_INITS = len(PAPER_HEADS_WIDTH_INITS)    # Trunc Normal, Mimetic, Imp.-3
 # every (first-block pseudo-input, later blocks' pseudo-input, shared or per-layer solve)
 PSEUDO_INPUT_VARIANTS = len(PSEUDO_INPUTS) ** 2 * 2
 
+# The probe file's rows this reads, by their labels (benchmarks/gpu_probe.py writes them)
+TINY_LABEL = "tiny (CPU): not a measurement"
+FLOPS_ROW = "FLOPs per training image, GFLOP"
+STACK_ROW = "the project's trainer, stack of"   # ... N
+RATE_ROW = "ViT-T/2 images/s, epoch 2"
+PEAK_ROW = "peak memory (torch.cuda.max_memory_allocated), GiB"
+ESTIMATE_ROW = "memory estimate the trainer printed, GiB"
 
-def conv_macs(x_shape, w_shape, out_shape, transposed: bool) -> int:
-    """Multiply-adds of one convolution, grouped or not. The weight is (C_out, C_in/groups, *k)
-    (transposed: (C_in, C_out/groups, *k)), so prod(w_shape[1:]) is the multiply-adds behind
-    one output element, or, transposed, the ones fed by one input element."""
-    return prod(x_shape if transposed else out_shape) * prod(w_shape[1:])
+
+class ProbeFileError(ValueError):
+    """A probe file that cannot price the grid: missing, a tiny run, or without the rate."""
+
+
+def number(cell: str | None) -> float | None:
+    """The first number in a cell ("5,032", "13.22 / 13.30"); None where there is none."""
+    m = re.search(r"-?\d[\d,]*(?:\.\d+)?", cell or "")
+    return float(m[0].replace(",", "")) if m else None
+
+
+def table_rows(text: str) -> list[dict]:
+    """Every row of every markdown table in `text`, as {header: cell}."""
+    rows, headers = [], None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            headers = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if headers is None:
+            headers = cells
+        elif not set(line.replace("|", "").strip()) <= set("-: "):
+            rows.append(dict(zip(headers, cells)))
+    return rows
+
+
+def read_probe(path: str | Path = PRICED) -> dict:
+    """What the pricing needs from a probe file: card, commit, torch, mode, the ViT-T/2 rate,
+    FLOPs per image, and the memory figures (None where not measured)."""
+    path = Path(path)
+    if not path.exists():
+        raise ProbeFileError(f"{path}: no such probe file; run python -m benchmarks.gpu_probe on a GPU")
+    rows = table_rows(path.read_text())
+    value = {r["what"]: r.get("value") for r in rows if "what" in r}
+    mode = value.get("mode") or ""
+    if mode.startswith("tiny"):
+        raise ProbeFileError(f"{path} is a {TINY_LABEL}: run python -m benchmarks.gpu_probe on a GPU")
+    rate = number(value.get(RATE_ROW))
+    if rate is None or rate <= 0:
+        raise ProbeFileError(f"{path} has no ViT-T/2 rate (the row '{RATE_ROW}'): "
+                             "run python -m benchmarks.gpu_probe on a GPU and price from its file")
+    stack = next((r for r in rows if r.get("step", "").startswith(STACK_ROW)), {})
+    return {"card": (value.get("card") or "an unnamed card").split(" (")[0],
+            "commit": (value.get("commit") or "unknown").split(" (")[0], "torch": value.get("torch") or "unknown",
+            "mode": mode, "rate": rate, "gflop": number(value.get(FLOPS_ROW)),
+            "peak_gib": number(value.get(PEAK_ROW)), "estimate_gib": number(value.get(ESTIMATE_ROW)),
+            "stack_models": number(stack.get("models")), "stack_peak_gib": number(stack.get("peak GiB")),
+            "stack_one_by_one": "one after another" in stack.get("how", "")}
 
 
 def conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
                         _output_padding, _groups, output_mask, **_) -> int:
-    """FLOPs of aten.convolution_backward. The input gradient and the weight gradient each take
-    the forward's multiply-adds (the same input x weight products, summed over other indices).
-    torch's own formula drops `groups` for the weight gradient, so it counts a depthwise
-    convolution's as a dense one's, C times too many; the bias gradient is a sum, not counted."""
-    forward_flops = 2 * conv_macs(x_shape, w_shape, grad_out_shape, transposed)
-    return forward_flops * (int(output_mask[0]) + int(output_mask[1]))
-
-
-def unfuse_attention(model: torch.nn.Module) -> int:
-    """Make timm's attention run as explicit q @ k.T -> softmax -> @ v, and return how many
-    modules it switched. The fused kernel (F.scaled_dot_product_attention; on CPU
-    _scaled_dot_product_flash_attention_for_cpu) has no formula in FlopCounterMode, which
-    would silently count no attention at all; the explicit matmuls are counted by its
-    well-tested matmul formulas and are the same products (structinit/training/stacked.py runs the
-    same path on CPU). A fused kernel's recomputation in the backward is an implementation
-    detail and is not counted."""
-    switched = 0
-    for module in model.modules():
-        if getattr(module, "fused_attn", False):
-            module.fused_attn = False
-            switched += 1
-    return switched
+    """FLOPs of aten.convolution_backward: the input and the weight gradient each take the
+    forward's multiply-adds. torch's own formula drops `groups` for the weight gradient (a
+    depthwise convolution's counted as a dense one's); the bias gradient is a sum, not counted.
+    The weight is (C_out, C_in/groups, *k), transposed (C_in, C_out/groups, *k)."""
+    forward_macs = prod(x_shape if transposed else grad_out_shape) * prod(w_shape[1:])
+    return 2 * forward_macs * (int(output_mask[0]) + int(output_mask[1]))
 
 
 def count_train_flops(model, image_size: int, channels: int, batch: int = 2) -> float:
-    """FLOPs per image of one training step (forward + backward) of `model` (left as it is).
-    The step runs on a copy on the meta device: shapes only, no arithmetic, so a ViT-S counts in
-    a fraction of a second instead of seconds of CPU work, to the same count."""
+    """FLOPs per image of one training step (forward + backward) of `model` (left as it is), on a
+    copy on the meta device (shapes only). Attention runs as explicit matmuls: the fused kernel
+    has no formula in FlopCounterMode, which would count no attention at all."""
     model = copy.deepcopy(model).to("meta")
-    unfuse_attention(model)
+    for module in model.modules():
+        if getattr(module, "fused_attn", False):
+            module.fused_attn = False
     x = torch.randn(batch, channels, image_size, image_size, device="meta")
     counter = FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flops})
     with counter:
@@ -243,8 +259,7 @@ def report(a, params, probe: dict) -> str:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--probe", default=PRICED.relative_to(REPO).as_posix(),
-                    help="the probe file whose ViT-T/2 rate prices the grid (default: the one tools/probe_file.py "
-                         "names as PRICED; the others beside it are benchmarks/gpu_probe-<card>-<commit>.md)")
+                    help="the probe file whose ViT-T/2 rate prices the grid (default: tools/probe_file.py's PRICED)")
     ap.add_argument("--seeds", type=int, default=5, help="seeds per main-table cell (the pipeline's default)")
     ap.add_argument("--study-seeds", type=int, default=3)
     ap.add_argument("--tflops", type=float,
