@@ -94,7 +94,8 @@ def run_row(cell: Path, seed: int, speed_epoch: int | None, planned_at: str = "c
 
 
 def speed_section(runs: pd.DataFrame, datasets: list[str], inits: list[str], speed: dict, ours: str,
-                  at: dict, epochs: dict, alpha: float, label=str, exploratory: str = "", retest=None) -> str:
+                  at: dict, epochs: dict, alpha: float, label=str, exploratory: str = "",
+                  retest=lambda c: "") -> str:
     """The planned speed endpoint: each arm's test accuracy at the epoch `at[dataset]`
     (speed_epoch: contrasts.speed.fraction of the budget) and its primary pair, paired by seed.
     The endpoint was fixed after these seeds' curves were committed, so here it only describes:
@@ -116,7 +117,7 @@ def speed_section(runs: pd.DataFrame, datasets: list[str], inits: list[str], spe
         return ""
     stats.record_tested(contrasts, alpha)
     lines = [stats.contrast_line(replace(c, role="descriptive"), label) + " (described: no verdict on the seeds "
-             "that fixed the endpoint)" + ((retest or (lambda c: ""))(c) or
+             "that fixed the endpoint)" + (retest(c) or
                                            "\n  Not yet tested on new seeds (stage replication).")
              for c in contrasts]
     budget = ", ".join(f"{ds}: epoch {at[ds]} of {epochs[ds]}" for ds in datasets)

@@ -335,9 +335,9 @@ def _data_size_runs(params, main, studies):
     return runs
 
 
-def _gap_block(runs, plan: StudyPlan, condition, tested: bool = True) -> str:
+def _gap_block(runs, plan: StudyPlan, condition, verdicts: bool = True) -> str:
     """Does each planned difference change from the main grid's set to the smaller ones? Tested,
-    or (tested=False) each change's estimate and interval. Empty when no planned pair ran."""
+    or (verdicts=False) each change's estimate and interval. Empty when no planned pair ran."""
     changes, detectable = [], []
     for d, rows in runs.groupby("dataset", sort=False):
         groups = {key: dict(zip(g.seed.tolist(), g.acc.tolist()))
@@ -356,7 +356,7 @@ def _gap_block(runs, plan: StudyPlan, condition, tested: bool = True) -> str:
                               + _points(stats.min_detectable_difference(c.sd, c.n, level)))
     if not changes:
         return ""
-    if not tested:
+    if not verdicts:
         def change(c):
             ci = "" if math.isnan(c.ci_low) else f", 95 % CI [{c.ci_low:+.2f}, {c.ci_high:+.2f}]"
             return f"{c.gap_other:+.2f} at {condition(c.other)}: change {c.gap_other - c.gap_base:+.2f}{ci}"
