@@ -69,7 +69,7 @@ CHECKED = {
     # the README states the committed run's minutes, whatever they are: the phrase is built from its file
     f"{round(fresh_repro_minutes())} minutes": lambda: True,
     # the default on a GPU: the newest complete benchmarks/fresh_repro-<card>-<commit>.md's minutes,
-    # card and file, or, until a GPU has run benchmarks.gpu_session, a sentence saying it was not timed
+    # card and file, or, until a GPU has run benchmarks.fresh_repro, a sentence saying it was not timed
     readme_gpu_default(): lambda: True,
     "2 CPU cores": lambda: "2 CPU cores" in text("benchmarks/fresh_repro.md"),
     # fresh_repro.md names the CPU by its family and model: AMD family 25 model 17 is Zen 4

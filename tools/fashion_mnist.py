@@ -66,6 +66,13 @@ def arms(params) -> list[str]:
     return [*params["grid"]["baselines"], *(f"impulse{k}" for k in params["grid"]["kernels"])]
 
 
+def primary_first(params) -> list[str]:
+    """The main grid's arms, the primary contrast's two first: a run cut short has the pair the
+    paper's claim needs."""
+    first = [i for i in (f"impulse{params['init']['kernel']}", "trunc_normal") if i in arms(params)]
+    return list(dict.fromkeys([*first, *arms(params)]))
+
+
 def machine(device: torch.device, root: Path = REPO) -> dict:
     from structinit.numerics import numerics_record
 
@@ -369,6 +376,10 @@ def main(argv=None) -> int:
                                                   "finished by then stay")
     ap.add_argument("--root", type=Path, default=REPO, help="with --grid: the checkout to run it in (the budget "
                                                             "reads this checkout's params.yaml)")
+    ap.add_argument("--arms", nargs="+", metavar="ARM", help="with --budget: these arms, in this order (default: "
+                                                                 "every arm, the primary pair first)")
+    ap.add_argument("--deadline", type=float, metavar="S", help="with --budget: seconds it may take; a run that "
+                                                                "would end after it is not started")
     ap.add_argument("--out", type=Path, default=REPO / "results/evidence/fashion_mnist_budget")
     ap.add_argument("--tiny", action="store_true", help="toy sizes on the CPU: not a measurement")
     ap.add_argument("--local", type=Path, default=REPO / "datasets/fashion_mnist",
@@ -420,23 +431,38 @@ def main(argv=None) -> int:
         raise SystemExit(f"error: {csv} holds runs of another recipe, seeds or split than this one ({recipe}): "
                          "give another --out, or delete it to start over")
     B = rec.train["epochs"]
-    for budget in (B, 2 * B):
-        for arm in arms(params):
-            if len(curves) and ((curves.init == arm) & (curves.budget == budget)).any():
-                print(f"{arm} at {budget} epochs: in {csv} already")
-                continue
-            t = time.perf_counter()
-            rows = run_budget(split, {"model": rec.model, "train": rec.train}, [arm], seeds, budget,
-                              warmup_prefix=rec.train.get("warmup_prefix", False), cpu=info["card"],
-                              dataset=DATASET, eval_every=max(1, budget // 10), device=device)
-            wall = time.perf_counter() - t
-            curves = pd.concat([curves, rows.assign(cell_seconds=round(wall, 1), recipe=recipe)], ignore_index=True)
-            curves.to_csv(csv, index=False)
-            print(f"{arm} at {budget} epochs: {wall:.0f} s, validation acc "
-                  f"{rows.groupby('seed').test_acc.last().mean():.2f} %", flush=True)
+    order = list(dict.fromkeys(a.arms or primary_first(params)))
+    unknown = sorted(set(order) - set(arms(params)))
+    if unknown:
+        ap.error(f"--arms {' '.join(unknown)}: not an arm of the main grid; choose from {' '.join(arms(params))}")
+    ends = None if a.deadline is None else time.monotonic() + a.deadline
+    for arm, budget in [(arm, budget) for arm in order for budget in (B, 2 * B)]:   # each arm's pair together
+        if len(curves) and ((curves.init == arm) & (curves.budget == budget)).any():
+            print(f"{arm} at {budget} epochs: in {csv} already")
+            continue
+        if ends is not None and len(curves):     # a run it cannot finish is not started (a cut one is lost)
+            need = 1.1 * budget * (curves.cell_seconds / curves.budget).max()      # the slowest epoch rate yet
+            if need > ends - time.monotonic():
+                print(f"{arm} at {budget} epochs: needs ~{need:.0f} s, {ends - time.monotonic():.0f} s left: "
+                      "not started", flush=True)
+                break
+        t = time.perf_counter()
+        rows = run_budget(split, {"model": rec.model, "train": rec.train}, [arm], seeds, budget,
+                          warmup_prefix=rec.train.get("warmup_prefix", False), cpu=info["card"],
+                          dataset=DATASET, eval_every=max(1, budget // 10), device=device)
+        wall = time.perf_counter() - t
+        curves = pd.concat([curves, rows.assign(cell_seconds=round(wall, 1), recipe=recipe)], ignore_index=True)
+        curves.to_csv(csv, index=False)
+        print(f"{arm} at {budget} epochs: {wall:.0f} s, validation acc "
+              f"{rows.groupby('seed').test_acc.last().mean():.2f} %", flush=True)
     seconds = {int(b): g.groupby("init").cell_seconds.first().sum() for b, g in curves.groupby("budget")}
     curves.attrs.update(train_images=len(split.train_labels), validation_images=len(split.test_labels))
-    print(write_report(a.out, curves, seconds, info, rec, a.tiny))
+    if len(curves):
+        print(write_report(a.out, curves, seconds, info, rec, a.tiny))
+    done = set(zip(curves.init, curves.budget)) if len(curves) else set()
+    missing = [(arm, b) for arm in arms(params) for b in (B, 2 * B) if (arm, b) not in done]
+    print("budget: measured" if not missing else f"budget: {len(missing)} of {2 * len(arms(params))} runs to go",
+          flush=True)          # the last line, read by benchmarks/gpu_session.py
     return 0
 
 

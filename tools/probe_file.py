@@ -17,7 +17,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PROBES = REPO / "benchmarks"                           # where the committed GPU files live
 PRICED = PROBES / "gpu_probe-h200-02d9857.md"          # the measurement tools/gpu_hours.py prices from
-GPU_SESSION = "python -m benchmarks.gpu_session"       # the one command that writes both kinds of file
+FRESH_GPU = "python -m benchmarks.fresh_repro --target '' --out-dir benchmarks"   # the command that times it
 
 
 def card_slug(card: str) -> str:
@@ -67,7 +67,7 @@ def readme_gpu_default(folder: Path = PROBES) -> str:
     """The README's sentence on the default's `dvc repro` on a GPU (without its closing period)."""
     found = gpu_default_run(folder)
     if found is None:
-        return f"The default's `dvc repro` on a GPU has not been timed yet by `{GPU_SESSION}`"
+        return f"The default's `dvc repro` on a GPU has not been timed yet by `{FRESH_GPU}`"
     path, run = found
     where = path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else path.name
     return (f"The default's `dvc repro` from a fresh clone took {run['minutes']:.1f} minutes on one "
