@@ -2,16 +2,14 @@
 
     python -m benchmarks.gpu_probe                              # on a GPU: benchmarks/gpu_probe-<card>-<commit>.md
     python -m benchmarks.gpu_probe --tiny --out /tmp/probe.md   # every part at toy sizes, on the CPU
-    python -m benchmarks.gpu_probe --skip a b c d --fm-depths 4 3 2   # fashion_mnist_depths-<card>-<commit>.md
 
 The machine, then (a) the suite's GPU-relevant tests; (b) the trainer's step on ViT-T/2 (the
 cifar10 recipe, batch 512) for one model and a cell's 5, with the FLOPs per image; (c) the
 trainer end to end with the paper's CIFAR recipe on synthetic data: images/s of epoch 2 (what
 tools/gpu_hours.py prices the grid with), peak memory against the trainer's estimate; (d) the
-default digits cell as its stage trains it, and 20 epochs of it with `cuda_graph: off`; (h)
-Fashion-MNIST's recipe as a cell trains it: its rate, the main grid's minutes, one model alone
-against the stack, and with --fm-depths the grid's minutes at other depths as DVC runs it.
-Parts run in the order c, b, a, d, h, each within its share of --budget; the file is rewritten
+default digits cell as its stage trains it, and 20 epochs of it with `cuda_graph: off`.
+(Fashion-MNIST's recipe is measured on its real images by benchmarks/gpu_session.py.)
+Parts run in the order c, b, a, d, each within its share of --budget; the file is rewritten
 after every part. --tiny's file says so, and gpu_hours refuses it (tests/test_gpu_probe.py).
 """
 from __future__ import annotations
@@ -34,10 +32,9 @@ from types import SimpleNamespace
 import torch
 
 import structinit as si
-from structinit.data.specs import TEST_IMAGES, TRAIN_IMAGES, get_spec
+from structinit.data.specs import get_spec
 from structinit.data.tensors import stratified_subset, synthetic_data
 from structinit.pipeline.build import CellModel, build_cell_model, build_model
-from structinit.pipeline.cells import main_inits
 from structinit.pipeline.load import load_params
 from tools.gpu_hours import (ESTIMATE_ROW, FLOPS_ROW, PEAK_ROW, RATE_ROW, STACK_ROW, TINY_LABEL,
                              count_train_flops)
@@ -47,11 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 GiB = 2 ** 30
 SECTIONS = {"a": "## (a) The suite's GPU-relevant tests", "b": "## (b) One training step alone",
             "c": "## (c) The trainer end to end, CIFAR-shaped data, the paper's recipe",
-            "d": "## (d) One digits cell: 5 seeds x 160 epochs, Imp.-3",
-            "h": "## (h) Fashion-MNIST's recipe: a stacked cell's rate, and its main grid's time"}
-# a Fashion-MNIST stage's own cost and a later stage's cached compile (benchmarks/fashion_mnist_grid-h200-17f4fe7)
-FM_STAGE_SECONDS, FM_CACHED_FIRST_SECONDS = 30.0, 5.0
-FM_TARGET_MINUTES = 10.0               # the main grid on one GPU as DVC runs it
+            "d": "## (d) One digits cell: 5 seeds x 160 epochs, Imp.-3"}
 
 
 # How big each part is: the real measurement (FULL), or toy sizes that only exercise the code.
@@ -60,16 +53,14 @@ FULL = SimpleNamespace(
     batch=512, model=None, trainer_batches=8, trainer_epochs=4, stack=5,     # (b), model: cifar10's overrides
     e2e_train=50_000, e2e_test=10_000, e2e_batch=None, e2e_epochs=4,         # (c), batch None: the recipe's
     digits_epochs=None, digits_images=None,                                  # (d), None: the stage's
-    fm_images=20_000, fm_test=10_000, fm_epochs=3, fm_batch=None, fm_model=None, fm_depths=(),   # (h)
     tests=("tests/test_fake_cuda.py", "tests/test_step_graph.py", "tests/test_memory.py", "tests/test_numerics.py",
            "tests/test_distributed_plan.py", "tests/test_analysis.py", "tests/test_stacked.py"), test_filter=None,
-    budget=360.0, parts=(("c", 50, 80), ("b", 50, 100), ("a", 66, 100), ("d", 40, 110), ("h", 75, 150)))
+    budget=360.0, parts=(("c", 50, 80), ("b", 50, 100), ("a", 66, 100), ("d", 40, 110)))
 TINY = SimpleNamespace(**{**vars(FULL), **dict(
     batch=16, model=dict(patch_size=8, embed_dim=24, depth=1, num_heads=2), trainer_batches=2, trainer_epochs=3,
-    e2e_train=256, e2e_test=64, e2e_batch=32, e2e_epochs=3, digits_epochs=2, digits_images=128, fm_images=64,
-    fm_test=16, fm_epochs=2, fm_batch=16, fm_model=dict(patch_size=7, embed_dim=12, depth=1, num_heads=3),
-    fm_depths=(2,), tests=("tests/test_distributed_plan.py",), test_filter="not two_processes", budget=240.0,
-    parts=(("c", 5, 60), ("b", 10, 60), ("a", 10, 60), ("d", 10, 60), ("h", 5, 60)))})
+    e2e_train=256, e2e_test=64, e2e_batch=32, e2e_epochs=3, digits_epochs=2, digits_images=128,
+    tests=("tests/test_distributed_plan.py",), test_filter="not two_processes", budget=240.0,
+    parts=(("c", 5, 60), ("b", 10, 60), ("a", 10, 60), ("d", 10, 60)))})
 T0 = time.perf_counter()
 
 
@@ -252,104 +243,21 @@ def part_digits(device, sizes) -> str:
         ["how the trainer trained", how], ["how it trained with cuda_graph: off", off_how]])
 
 
-def fm_cell(model_cfg: dict, seeds, cfgs, data, device, spec) -> dict:
-    """A Fashion-MNIST cell as the trainer trains it: training img/s, test s per epoch, epoch 1's extra s."""
-    models = [build_model(model_cfg, spec) for _ in seeds]
-    for model, seed in zip(models, seeds):
-        si.initialize(model, "trunc_normal", seed=seed)
-    histories, how, _ = train(models, data, cfgs, device)
-    runs = histories if how.startswith("one after another") else histories[:1]   # stacked: each has the stack's
-    train_s = [sum(h[e]["train_seconds"] for h in runs) for e in range(1, len(runs[0]))]
-    eval_s = [sum(h[e]["seconds"] - h[e]["train_seconds"] for h in runs) for e in range(1, len(runs[0]))]
-    first = sum(h[0]["seconds"] for h in runs) - statistics.median(train_s) - statistics.median(eval_s)
-    return {"rate": len(data.train_labels) / statistics.median(train_s), "evaluate": statistics.median(eval_s),
-            "first_extra": first, "how": how, "one_by_one": runs is histories}
-
-
-def fm_grid_seconds(cell: dict, cells: int, epochs: int, test_images: int, *, as_dvc_runs_it: bool) -> float:
-    """The main grid's seconds at a cell's rate: its cells alone, or as DVC runs it (the stages' own cost)."""
-    epoch = (TRAIN_IMAGES["fashion_mnist"] / cell["rate"]
-             + cell["evaluate"] * TEST_IMAGES["fashion_mnist"] / test_images)
-    first = max(cell["first_extra"], 0.0)
-    if not as_dvc_runs_it:
-        return cells * (epochs * epoch + first)
-    return cells * (epochs * epoch + FM_STAGE_SECONDS) + first + (cells - 1) * min(first, FM_CACHED_FIRST_SECONDS)
-
-
-def part_fashion_mnist(device, sizes) -> str:
-    params = load_params(REPO / "params.yaml")
-    recipe, spec, seeds = params["recipes"]["fashion_mnist"], get_spec("fashion_mnist"), params["grid"]["seeds"]
-    model_cfg = {**recipe["model"], **(sizes.fm_model or {})}
-    data = synthetic_data(spec, sizes.fm_images, sizes.fm_test)
-    cfgs = [si.TrainConfig(**{**recipe["train"], "epochs": sizes.fm_epochs, "warmup_epochs": 1, "eval_every": 1,
-                              "batch_size": sizes.fm_batch or recipe["train"]["batch_size"], "seed": s})
-            for s in seeds]
-    epochs, cells = recipe["train"]["epochs"], len(main_inits(params))
-    cell = fm_cell(model_cfg, seeds, cfgs, data, device, spec)
-    grid_min = fm_grid_seconds(cell, cells, epochs, sizes.fm_test, as_dvc_runs_it=False) / 60
-    alone = fm_cell(model_cfg, seeds[:1], cfgs[:1], data, device, spec)["rate"]
-    planned = cell["rate"] * len(seeds)
-    way = "one model alone" if alone > planned else "one after another" if cell["one_by_one"] else "stacked"
-    log(f"(h) {cell['rate']:,.0f} cell images/s; the main grid's cells {grid_min:.1f} min")
-    rows = [["cell images/s (every seed stacked), epochs 2 and later: median", n(cell["rate"])],
-            ["evaluation of the test set, s per epoch: median", f"{cell['evaluate']:.2f}"],
-            ["epoch 1 beyond a later one (compile, warm-up), s", f"{cell['first_extra']:.1f}"],
-            ["the main grid's cells, min (training and evaluation; stage start-ups not included)", f"{grid_min:.1f}"],
-            ["the grid", f"{cells} cells x {epochs} epochs x {TRAIN_IMAGES['fashion_mnist']:,} images, the test set "
-                         f"({TEST_IMAGES['fashion_mnist']:,}) every epoch"],
-            ["how the trainer trained", cell["how"]], ["model-images/s, one model of the recipe alone", n(alone)],
-            ["the faster way to train a cell's seeds (model-images/s)",
-             f"{way} ({n(max(planned, alone))} against {n(min(planned, alone))})"]]
-    body = (f"recipes.fashion_mnist ({model_cfg}), {len(seeds)} seeds as a cell (trunc_normal), {sizes.fm_images:,}"
-            f" synthetic training and {sizes.fm_test:,} test images, {sizes.fm_epochs} epochs.\n\n"
-            + table(["what", "value"], rows))
-    if not sizes.fm_depths:
-        return body
-    rows, fits = [], {}
-    for depth in dict.fromkeys([model_cfg["depth"], *sizes.fm_depths]):
-        # another depth compiled afresh, as a stage's own process compiles it
-        at = cell if depth == model_cfg["depth"] else (torch.compiler.reset(), fm_cell(
-            {**model_cfg, "depth": depth}, seeds, cfgs, data, device, spec))[1]
-        charged = {**at, "first_extra": max(at["first_extra"], cell["first_extra"])}   # a cold compile at least
-        cells_min = fm_grid_seconds(charged, cells, epochs, sizes.fm_test, as_dvc_runs_it=False) / 60
-        fits[depth] = fm_grid_seconds(charged, cells, epochs, sizes.fm_test, as_dvc_runs_it=True) / 60
-        rows.append([depth, n(at["rate"]), f"{at['first_extra']:.1f}", f"{cells_min:.1f}", f"{fits[depth]:.1f}",
-                     "yes" if fits[depth] <= FM_TARGET_MINUTES else "no"])
-    deepest = max((d for d, m in fits.items() if m <= FM_TARGET_MINUTES), default=None)
-    return (body + f"\n### The recipe at other depths: the main grid's time as DVC runs it\n\nWidth and heads kept; "
-            f"as DVC runs it: + ~{FM_STAGE_SECONDS:.0f} s a stage, and later stages' cached compile.\n\n"
-            + table(["depth", "cell images/s", "epoch 1 beyond a later one, s", "the grid's cells, min",
-                     "the grid as DVC runs it, min", f"<= {FM_TARGET_MINUTES:g} min"], rows)
-            + f"\nthe deepest of these whose grid fits the target: {'none of these' if deepest is None else deepest}\n")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="the file to write (default: benchmarks/gpu_probe-<card>-<commit>.md)")
     ap.add_argument("--tiny", action="store_true", help="toy sizes on the CPU: tests the probe, measures nothing")
     ap.add_argument("--budget", type=float, help="seconds for the whole probe (default 360; tiny 240)")
     ap.add_argument("--skip", nargs="*", default=[], choices=list("abcdefgh"),
-                    help="parts not to run (e, f, g: parts since cut, accepted for older commands)")
-    ap.add_argument("--fm-depths", nargs="+", type=int, metavar="DEPTH",
-                    help="(h) also gives Fashion-MNIST's main grid time at these depths")
+                    help="parts not to run (e to h: parts since cut, accepted for older commands)")
     a = ap.parse_args()
     sizes = TINY if a.tiny else FULL
-    if a.fm_depths:
-        if any(d < 1 for d in a.fm_depths):
-            ap.error(f"--fm-depths {' '.join(map(str, a.fm_depths))}: depths are positive whole numbers")
-        if "h" in a.skip:
-            ap.error("--fm-depths is part (h): do not skip h")
-        sizes = SimpleNamespace(**{**vars(sizes), "fm_depths": tuple(dict.fromkeys(a.fm_depths))})
-    more = len(sizes.fm_depths) if a.fm_depths else 0     # each depth: a cold compile and epochs, ~45 s (at most 75)
-    parts = [(k, e + 45 * more, cap + 75 * more) if k == "h" else (k, e, cap) for k, e, cap in sizes.parts]
-    budget = a.budget or sizes.budget + 75 * more
+    parts, budget = sizes.parts, a.budget or sizes.budget
     device = torch.device("cpu") if a.tiny else si.default_device()
     if device.type != "cuda" and not a.tiny:
         sys.exit("gpu_probe: no GPU visible to torch; --tiny runs every part at toy sizes on the CPU")
     machine, card, commit = machine_rows(device, a.tiny)
     default = f"gpu_probe_tiny-{device.type}.md" if a.tiny else probe_name(card, commit)
-    if a.fm_depths and not a.tiny:         # the recipe's sizing: a file outside the priced probe files
-        default = default.replace("gpu_probe-", "fashion_mnist_depths-", 1)
     out = Path(a.out) if a.out else PROBES / default
     command = " ".join(["python -m benchmarks.gpu_probe", *sys.argv[1:]])
     label = TINY_LABEL if a.tiny else f"{card}, torch {torch.__version__}, project at {commit}"
@@ -365,8 +273,7 @@ def main():
     write()
     signal.signal(signal.SIGALRM, expire)
     runners = {"a": lambda limit: part_tests(sizes, limit, a.tiny), "b": lambda _: part_step(device, sizes),
-               "c": lambda _: part_end_to_end(device, sizes, state), "d": lambda _: part_digits(device, sizes),
-               "h": lambda _: part_fashion_mnist(device, sizes)}
+               "c": lambda _: part_end_to_end(device, sizes, state), "d": lambda _: part_digits(device, sizes)}
     expected = {k: e for k, e, _ in parts}
     for i, (key, _, cap) in enumerate(parts):
         if key in a.skip:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_probe import FM_STAGE_SECONDS, FM_TARGET_MINUTES, SECTIONS, fm_grid_seconds
+from benchmarks.gpu_probe import SECTIONS
 from tools.gpu_hours import RATE_ROW, STACK_ROW, TINY_LABEL, ProbeFileError, number, read_probe, table_rows
 from tools.probe_file import PRICED, probe_files, probe_name
 
@@ -58,53 +58,6 @@ def test_the_tiny_run_writes_every_part_with_numbers(tiny):
     # the digits cell with the step's CUDA graph off: both timed (on the CPU neither captures)
     digits = values(parts[SECTIONS["d"]])
     assert re.fullmatch(r"\d+\.\d\dx", digits["the whole-step graph's gain per epoch (median off / median on)"])
-    fm = values(parts[SECTIONS["h"]])
-    assert number(fm["cell images/s (every seed stacked), epochs 2 and later: median"]) > 0
-    assert number(fm["the main grid's cells, min (training and evaluation; stage start-ups not included)"]) > 0
-    assert "6 cells x 20 epochs x 60,000 images" in fm["the grid"]       # params.yaml's grid and recipe
-    assert number(fm["model-images/s, one model of the recipe alone"]) > 0
-    way = fm["the faster way to train a cell's seeds (model-images/s)"]
-    assert way.startswith(("stacked (", "one model alone (")), way           # the CPU stacks: both measured
-
-
-def test_the_tiny_run_prices_the_fashion_mnist_grid_at_other_depths(tiny):
-    """(h) at TINY's --fm-depths (2, beside its toy recipe's 1): a row per depth, the grid as DVC
-    runs it adding every stage's own cost to the cells', and the deepest that fits."""
-    body = bodies(tiny)[SECTIONS["h"]]
-    rows = [row for row in table_rows(body) if "depth" in row]
-    assert [row["depth"] for row in rows] == ["1", "2"]
-    fits = f"<= {FM_TARGET_MINUTES:g} min"
-    for row in rows:
-        assert number(row["cell images/s"]) > 0, row
-        cells, dvc = number(row["the grid's cells, min"]), number(row["the grid as DVC runs it, min"])
-        # 6 stages' own cost at least (the tiny cells' epochs are a fraction of a second)
-        assert dvc >= cells - 0.1 and dvc >= 6 * FM_STAGE_SECONDS / 60 - 0.1, row
-        assert row[fits] == ("yes" if dvc <= FM_TARGET_MINUTES else "no")
-    fitting = [int(row["depth"]) for row in rows if row[fits] == "yes"]
-    assert f"the deepest of these whose grid fits the target: {max(fitting) if fitting else 'none of these'}\n" in body
-
-
-def test_the_grid_time_as_dvc_runs_it_adds_the_stages_and_one_cold_compile():
-    from benchmarks.gpu_probe import FM_CACHED_FIRST_SECONDS
-
-    # 60,000 images at 6,000/s: 10 s an epoch; the test set's 10,000 measured as 1 s on 2,000
-    cell = {"rate": 6000.0, "evaluate": 1.0, "first_extra": 33.0}
-    epoch = 10 + 5
-    assert fm_grid_seconds(cell, 6, 20, 2000, as_dvc_runs_it=False) == pytest.approx(6 * (20 * epoch + 33))
-    assert fm_grid_seconds(cell, 6, 20, 2000, as_dvc_runs_it=True) == pytest.approx(
-        6 * (20 * epoch + FM_STAGE_SECONDS) + 33 + 5 * FM_CACHED_FIRST_SECONDS)
-    # a first epoch that costs less than a cached one is charged as measured
-    cheap = dict(cell, first_extra=1.0)
-    assert fm_grid_seconds(cheap, 6, 20, 2000, as_dvc_runs_it=True) == pytest.approx(
-        6 * (20 * epoch + FM_STAGE_SECONDS) + 1 + 5 * 1)
-
-
-@pytest.mark.parametrize("args, said", [(["--fm-depths", "0", "3"], "--fm-depths 0 3: depths are positive"),
-                                         (["--fm-depths", "3", "--skip", "h"], "do not skip h")])
-def test_fm_depths_refuses_what_cannot_run(args, said):
-    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu_probe", "--tiny", *args, "--out", os.devnull], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and said in r.stderr, r.stderr[-500:]
 
 
 def test_gpu_hours_refuses_a_tiny_file(tiny, tmp_path):

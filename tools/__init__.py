@@ -3,12 +3,12 @@
     quick          ./run.sh quick: the real pipeline on a reduced budget, in a scratch copy
     readme_answer  the README's answer (docs/includes/readme_answer.md) and every page's include blocks
     output_diff    which pipeline outputs a change altered, against a git revision
+    fashion_mnist  Fashion-MNIST on a GPU: its budget at B and 2B, and its grid through DVC
     gpu_hours      the paper's grid priced in GPU-hours from the priced probe file (docs/includes/gpu_hours.md)
-    import_graph   the import structure of the project's packages: modules, lines, cycles
 
 and what they share: scratch (the one way to run the pipeline in a scratch copy) and probe_file
 (the GPU probe's file layout: benchmarks/gpu_probe.py writes it, gpu_hours reads it). The
 measurements themselves (times, rates, a fresh clone's run) are benchmarks/; a benchmark may
-import a tool, a tool never imports a benchmark (python -m tools.import_graph checks there is
-no cycle).
+import a tool, a tool never imports a benchmark (tests/test_import_graph.py checks it, and that
+no import cycle exists).
 """

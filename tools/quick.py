@@ -23,6 +23,7 @@ budget, so its intervals are wide and its accuracies are not the converged ones.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import re
@@ -55,7 +56,7 @@ def quick_params(params: dict, epochs: int = EPOCHS, seeds: list[int] = SEEDS, a
     endpoint at SPEED_FRACTION; then `overrides` ("key.path=value", YAML values, as dvc exp run -S)."""
     from structinit.pipeline import cells
 
-    p = yaml.safe_load(yaml.safe_dump(params))
+    p = copy.deepcopy(dict(params))
     grid = p["grid"]
     main = cells.main_inits(p)
     arms = list(arms or main)
@@ -287,7 +288,9 @@ def main(argv=None):
     a = ap.parse_args(argv)
     from structinit.pipeline.params import ParamsError, validate_params
 
-    default = yaml.safe_load((REPO / "params.yaml").read_text())
+    from structinit.pipeline.load import load_params
+
+    default = dict(load_params(REPO / "params.yaml"))
     try:
         p = quick_params(default, a.epochs, a.seeds, a.arms, a.set)
         validate_params(p, REPO)

@@ -19,12 +19,14 @@ import json
 import math
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
 from structinit.pipeline.cells import main_cell
+from structinit.pipeline.load import load_params
 from structinit.reporting import readme
 from structinit.reporting.presentation import init_label
 
@@ -194,7 +196,9 @@ def generate(read) -> str:
     conclusions = json.loads(read("reports/conclusions/main_table.json"))["conclusions"]
     summary = json.loads(read("reports/summary.json"))
     runs = pd.read_csv(io.StringIO(read("reports/cells.csv")))
-    params = yaml.safe_load(read("params.yaml"))
+    with tempfile.TemporaryDirectory() as tmp:      # read as every reader reads it: load_params
+        (Path(tmp) / "params.yaml").write_text(read("params.yaml"))
+        params = load_params(Path(tmp) / "params.yaml")
     headline_md = read("reports/headline.md")
     record = _optional(read, "results/evidence/replication/replication.json")
     replication = json.loads(record) if record else None
