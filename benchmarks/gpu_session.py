@@ -160,22 +160,17 @@ class Window:
             return "not started", 0.0, ""
         self.say(f"{what}, at most {budget:.0f} s: {' '.join(cmd)}")
         t, out = time.monotonic(), []
-        sink = open(also, "a", buffering=1) if also else None
-        if sink:
-            sink.write(f"$ {' '.join(cmd)}\n")
+        sinks = [self.log_file] + ([open(also, "a", buffering=1)] if also else [])
+        sinks[-1].write(f"$ {' '.join(cmd)}\n")
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         timer = threading.Timer(budget, proc.kill)
         timer.start()
         for line in proc.stdout:
             out.append(line)
-            self.log_file.write(line)
-            if sink:
+            for sink in sinks:
                 sink.write(line)
-        code = proc.wait()
-        cut = not timer.is_alive()
+        code, cut = proc.wait(), not timer.is_alive()
         timer.cancel()
-        if sink:
-            sink.close()
         seconds = time.monotonic() - t
         self.say(f"{what}: {'cut at its limit' if cut else f'exit {code}'} after {seconds:.0f} s")
         return ("cut" if cut else code), seconds, "".join(out)
@@ -200,6 +195,7 @@ def set_up(w: Window) -> dict:
         w.say(f"`python` on PATH: {SHIM / 'python'}")
     if not (REPO / ".git").exists() and (PACK / "git.tar.gz").is_file():
         subprocess.run(["tar", "xzf", str(PACK / "git.tar.gz"), "-C", str(REPO)], check=True)
+        subprocess.run(["git", "config", "--global", "--add", "safe.directory", str(REPO)], check=False)
         w.say("the shallow git unpacked as .git")
     for folder in (PACK / "fashion_mnist", Path("/tmp/gpu_window/fashion_mnist")):
         for gz in sorted(folder.glob("*.gz")):
