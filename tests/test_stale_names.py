@@ -33,6 +33,9 @@ NOT_OURS = {
     "structinit/init/methods/zero_qk.py": "the example initializer docs/library.md has you write",
     "a.csv": "stages/curves.py's argument a.csv (argparse's --csv), not a file name",
     "runs.csv": "the regime stage's table of runs (results/evidence/regime/), written when the study runs",
+    "window.md": "the GPU window's summary, written in its --out when it runs (benchmarks/gpu_session.py)",
+    "cuda_tests.txt": "the GPU window's test output, written in its --out when it runs",
+    "results/evidence/fashion_mnist_budget/epochs.csv": "Fashion-MNIST's budget rows, written when a GPU runs it",
 }
 
 
