@@ -32,7 +32,9 @@ class TrainConfig:
     cpu_chunks: str | int = "auto"  # CPU: run each batch as n single-threaded chunks (step.py)
     compile: str = "auto"        # torch.compile the step's forward and loss: auto = on CUDA, off on CPU
                                  # (where committed bytes are eager's); "on" / "off" anywhere
-    cuda_graph: str = "auto"     # auto: on CUDA, a stack's whole step captured as one CUDA graph (step.py)
+    # off until a GPU has shown the captured step equal to the uncaptured one (the GPU window's
+    # check, benchmarks/gpu_session.py); auto: on CUDA, a stack's whole step as one CUDA graph
+    cuda_graph: str = "off"
     eval_every: int = 1          # test-set evaluation every n epochs (and always after the last)
     # The streamed trainer's (ImageNet) extras, timm's train.py options of the same meaning;
     # the on-device trainer refuses them rather than ignore them.

@@ -1,7 +1,6 @@
-"""Test loss and accuracy of a trained model, or of every model of a stack, on the device.
+"""Test loss and accuracy of every model of a stack, on the device.
 
-    evaluate(model, images, labels, augmentation=..., device=..., dtype=...)   -> {"test_loss", "test_acc"}
-    evaluate_stack(stack, images, labels, ...)                                 -> one such dict per model
+    evaluate_stack(stack, images, labels, ...)   -> one {"test_loss", "test_acc"} per model
 
 The sums stay on the device until the loop ends (evaluation_sums): a read per batch would be a
 host sync per batch on a GPU.
@@ -17,24 +16,6 @@ from structinit.training.stacked import StackedModels
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, *,
-             augmentation: BatchAugmentation, device: torch.device, dtype: str, batch_size: int = 1024) -> dict:
-    """One (unstacked) model's test loss and accuracy; dtype: what it computes in
-    (common.compute_dtype)."""
-    model.eval()
-    loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), device=device, dtype=torch.long)
-    for i in range(0, len(labels), batch_size):
-        x, y = augmentation.normalize(images[i:i + batch_size]), labels[i:i + batch_size]
-        with autocast(device, dtype):
-            logits = model(x)
-        loss_sum += F.cross_entropy(logits.float(), y, reduction="sum")
-        correct += (logits.argmax(-1) == y).sum()
-    model.train()
-    n = len(labels)
-    return {"test_loss": loss_sum.item() / n, "test_acc": correct.item() / n}
-
-
 def evaluate_stack(stack: StackedModels, images: torch.Tensor, labels: torch.Tensor, *,
                    augmentation: BatchAugmentation, device: torch.device, dtype: str,
                    batch_size: int = 1024) -> list[dict]:
