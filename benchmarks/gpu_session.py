@@ -269,8 +269,9 @@ def adopt(returned: Path, root: Path = REPO) -> int:
     m = re.match(r"# GPU window: (.+), commit (\w+)", head)
     if not m:
         raise SystemExit(f"error: {returned / 'window.md'} does not start with '# GPU window: <card>, commit <c>'")
-    slug = re.sub(r"[^a-z0-9]+", "-", m[1].lower()).strip("-").removeprefix("nvidia-")
-    records = root / f"benchmarks/gpu_window-{slug}-{m[2]}"
+    from tools.probe_file import card_slug          # here, not on the GPU: the packages are installed
+
+    records = root / f"benchmarks/gpu_window-{card_slug(m[1])}-{m[2]}"
     budget = root / "results/evidence/fashion_mnist_budget"
     records.mkdir(parents=True, exist_ok=True)
     budget.mkdir(parents=True, exist_ok=True)
