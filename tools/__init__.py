@@ -8,7 +8,7 @@
     gpu_hours      the paper's grid priced in GPU-hours from the priced probe file (docs/includes/gpu_hours.md)
 
 and what they share: scratch (the one way to run the pipeline in a scratch copy) and probe_file
-(the GPU probe's file layout: benchmarks/gpu_probe.py writes it, gpu_hours reads it). The
+(the GPU runs' files: their names, the one gpu_hours prices from, the README's GPU minutes). The
 measurements themselves (times, rates, a fresh clone's run) are benchmarks/; a benchmark may
 import a tool, a tool never imports a benchmark (tests/test_import_graph.py checks it, and that
 no import cycle exists).
