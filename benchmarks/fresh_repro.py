@@ -3,7 +3,7 @@
     python -m benchmarks.fresh_repro [--target aggregate] [--repo .] [--keep] [--write FILE]
                                      [--out-dir benchmarks] [--deadline SECONDS]
 
-Clones the committed HEAD into a temporary folder (tools/scratch.py: no DVC cache, nothing run
+Clones the committed HEAD into a temporary folder (structinit/pipeline/scratch.py: no DVC cache, nothing run
 yet; commit first to measure local changes), runs `dvc repro <target>` there (`--target ''`:
 everything, every study included) and prints each stage family's count and seconds and the
 wall time (last line: `wall: <seconds> s`). `--write FILE` also writes them as markdown with
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from tools import scratch
+from structinit.pipeline import scratch
 from tools.probe_file import fresh_repro_name
 
 STAGE_LINE = re.compile(r"Running stage '([^']+)'")

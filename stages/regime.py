@@ -2,7 +2,7 @@
 
     python -m stages.regime --dataset digits --out results/evidence/regime
 
-In a scratch copy of the repository (tools/scratch.py) with the main grid's outputs (results,
+In a scratch copy of the repository (structinit/pipeline/scratch.py) with the main grid's outputs (results,
 models, artifacts, prepared data, reports), sets studies.regime.datasets to [dataset] and runs
 the study's own stages (`dvc repro --allow-missing regime_report`), refusing, naming them, when
 DVC would re-run any main-grid stage (the main grid is not up to date with this code). Writes
@@ -26,7 +26,7 @@ from structinit.evidence.replication import keep_outputs
 from structinit.pipeline.cells import main_cell
 from structinit.pipeline.load import load_params
 from structinit.reporting.regime_report import regime_runs
-from tools import scratch
+from structinit.pipeline import scratch
 
 
 def echo(line: str) -> None:

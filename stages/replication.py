@@ -2,7 +2,7 @@
 
     python -m stages.replication --out results/evidence/replication [--seeds 5 6 7 8 9]
 
-In a scratch copy of the repository (tools/scratch.py: code, params, dvc.lock, prepared data,
+In a scratch copy of the repository (structinit/pipeline/scratch.py: code, params, dvc.lock, prepared data,
 the frozen stages' committed outputs; no results), sets grid.seeds to the new seeds (default:
 as many as grid.seeds, after the largest), runs the real `dvc repro aggregate` and compares
 its reports/conclusions/main_table.json with this workspace's (structinit/evidence/replication.py).
@@ -22,7 +22,7 @@ from structinit.evidence import RECORD, inputs_record
 from structinit.evidence import replication as ev
 from structinit.pipeline import cells
 from structinit.pipeline.load import load_params
-from tools import scratch
+from structinit.pipeline import scratch
 
 
 def echo(line: str) -> None:

@@ -69,7 +69,7 @@ def test_without_a_gpu_the_grid_stops_before_touching_params(tmp_path, monkeypat
 def test_a_grid_that_fails_leaves_params_and_dvc_yaml_as_they_were(tmp_path, monkeypatch):
     """A frozen stage without its outputs would stop every later `dvc repro`: a failed run takes
     fashion_mnist off grid.gpu_datasets again, and dvc.yaml is frozen whatever happened."""
-    from tools import scratch
+    from structinit.pipeline import scratch
 
     copy = scratch.copy_working_tree(tmp_path / "repo")
     before = {f: (copy / f).read_text() for f in ("params.yaml", "dvc.yaml")}
@@ -115,7 +115,7 @@ def test_the_main_grid_alone_runs_its_cells_one_by_one_the_primary_pair_first(tm
     run cut short by --timeout has the pair the paper's claim needs), no data-size stage, and
     only grid.gpu_datasets lists the dataset; each stage's seconds are in the written file."""
     from structinit.pipeline.load import load_params
-    from tools import scratch
+    from structinit.pipeline import scratch
 
     copy = scratch.copy_working_tree(tmp_path / "repo")
     targets, timeouts = [], []
@@ -153,7 +153,7 @@ def test_a_grid_cut_short_keeps_its_finished_cells_and_prices_the_rest(tmp_path,
 
     from structinit.pipeline.cells import main_stage
     from structinit.pipeline.load import load_params
-    from tools import scratch
+    from structinit.pipeline import scratch
 
     copy = scratch.copy_working_tree(tmp_path / "repo")
     before = (copy / "params.yaml").read_text()

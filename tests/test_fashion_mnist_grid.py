@@ -12,7 +12,7 @@ import yaml
 from structinit.data import fashion_mnist as fm
 from structinit.pipeline.load import load_params
 from tools import fashion_mnist as tool
-from tools import scratch
+from structinit.pipeline import scratch
 
 REPO = tool.REPO
 SOURCES = [p for p in (REPO / "datasets/fashion_mnist", fm.DEBIAN_FOLDER)

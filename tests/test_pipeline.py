@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tools import scratch
+from structinit.pipeline import scratch
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -8,7 +8,7 @@ import subprocess
 import yaml
 
 from structinit.pipeline.dvc_yaml import TARGET, TEMPLATE, render
-from tools import scratch
+from structinit.pipeline import scratch
 
 REPO = scratch.REPO
 

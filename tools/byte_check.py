@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from tools import scratch
+from structinit.pipeline import scratch
 from tools.quick import quick_params
 
 EPOCHS, SEEDS, ARMS = 4, [0, 1], ["trunc_normal", "impulse3"]

@@ -227,7 +227,7 @@ def stage_table(stage_seconds: dict, started: dict, cells: dict, code: int, root
     its epochs, after training; outside it: DVC) and the stages that trained in this command,
     finished ({target: wall s}) for the price. The last stage is the cut one when dvc's status
     says the timeout ended it, the failed one when it says otherwise."""
-    from tools.scratch import TIMED_OUT
+    from structinit.pipeline.scratch import TIMED_OUT
 
     rows, fresh = [], {}
     last = list(stage_seconds)[-1] if stage_seconds else None
@@ -271,7 +271,7 @@ def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) 
     back as it was: a frozen stage without its outputs would stop every later `dvc repro`."""
     from structinit.pipeline.cells import main_cell, main_inits, main_stage, study_cell
     from structinit.pipeline.load import load_params
-    from tools.scratch import TIMED_OUT, pipeline_env, run_dvc
+    from structinit.pipeline.scratch import TIMED_OUT, pipeline_env, run_dvc
 
     if not torch.cuda.is_available() and os.environ.get("STRUCTINIT_ALLOW_CPU") != "1":
         raise SystemExit("error: no GPU: the grid's stages train on a GPU (on this CPU each cell would take "

@@ -5,7 +5,7 @@
     python -m tools.quick --epochs 40 --seeds 0 1 2 --arms trunc_normal impulse3 -S data.train_size=0.5
 
 Copies the working tree (code and params.yaml; no results, reports, models or DVC lock: as
-if nothing had run) into a temporary folder (tools/scratch.py, the one way to run the pipeline
+if nothing had run) into a temporary folder (structinit/pipeline/scratch.py, the one way to run the pipeline
 in a scratch copy), writes a reduced budget into the copy's
 params.yaml (default: 30 epochs instead of the recipe's 160, with its 5 % warm-up; seeds 0
 and 1; the main grid's arms; the test set every epoch; every study off; the speed endpoint
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import yaml
 
-from tools import scratch
+from structinit.pipeline import scratch
 
 REPO = scratch.REPO
 DATASET = "digits"

@@ -2,7 +2,7 @@
 seeds, made by the frozen stage replication (stages/replication.py: results/evidence/replication/).
 
 The stage trains the main table on new seeds (the real `dvc repro aggregate`, in a scratch
-copy of the repository: tools/scratch.py) and compares reports/conclusions/main_table.json of
+copy of the repository: structinit/pipeline/scratch.py) and compares reports/conclusions/main_table.json of
 both runs pair by pair:
   confirmed      the same significant direction on the new seeds
   not replicated significant before, not distinguishable now

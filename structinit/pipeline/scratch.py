@@ -5,7 +5,7 @@ quick look, tools/quick.py; the fresh-clone timing, benchmarks/fresh_repro.py; a
 seeds or params) makes its copy here, runs DVC there with this environment's Python first on
 PATH, and deletes the copy after:
 
-    from tools import scratch
+    from structinit.pipeline import scratch
 
     with scratch.Scratch("quick", keep=False) as s:        # a temporary folder; s.repo is the copy
         scratch.copy_working_tree(s.repo)                   # code and params, none of the outputs
@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # what the pipeline writes, by first path component: a copy without them is as if nothing had run
 OUTPUTS = ("results", "reports", "dvc.lock", "artifacts", "models", "data", "logs")
 # but the frozen stages' committed outputs are inputs: `dvc repro` fails on a frozen stage whose
