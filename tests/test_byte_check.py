@@ -1,7 +1,8 @@
 """tools/byte_check.py tells a change that moves trained bytes from one that does not: a planted
 change to one initializer's file moves that initializer's cell alone, and the cut and resumed
 cell equals the uncut one (about 1.5 minutes)."""
-from tools import byte_check, scratch
+from structinit.pipeline import scratch
+from tools import byte_check
 
 
 def test_a_change_to_one_initializer_moves_its_cell_alone(tmp_path, capsys):
