@@ -111,7 +111,11 @@ def test_the_main_table_is_the_papers_five_and_the_sixth_arm_a_line_of_its_own()
     text = report()
     main = rows(text, "main table, ViT-T/")
     assert [r[1] for r in main] == ["cifar10", "cifar100", "svhn", "imagenet"] and all(r[2] == "25" for r in main)
-    assert "main table: 5 initializers (the paper's: Kaiming Uniform, Trunc Normal, Mimetic, Imp.-3, Imp.-5)" in text
+    assert ("main table: 5 initializers (the paper's: Kaiming Uniform, Trunc Normal, Mimetic, Imp.-3, Imp.-5) "
+            "x 5 seeds per dataset, 100 runs") in text
+    assert [r[6] for r in rows(text, "main table, ViT-T/2")] == ["measured", "assumed: CIFAR-10's img/s",
+                                                               "assumed: CIFAR-10's img/s"]
+    assert all(r[6].startswith("assumed") for r in rows(text, "heads/width") + rows(text, "ConvMixer"))
     table = [r for r in rows(text, "") if r[0] not in ("block", "") and not r[0].startswith("-")]
     assert [r[0] for r in table[-2:]] == ["total: the paper's grid", "Mimetic Q/K only, beyond the paper"]
     assert float(table[-2][-1]) == total(text) == pytest.approx(sum(float(r[-1]) for r in table[:-2]), abs=len(table))
@@ -123,6 +127,7 @@ def test_the_main_table_is_the_papers_five_and_the_sixth_arm_a_line_of_its_own()
     params["grid"]["baselines"].remove("mimetic_qk")
     without = report(params=params)
     assert "beyond the paper" not in without and "Mimetic Q/K" not in without and total(without) == total(text)
+    assert rows(without, "main table") == rows(text, "main table")
 
 
 def test_the_figures_are_the_probe_files(tmp_path):

@@ -43,7 +43,7 @@ class ProbeFileError(ValueError):
 
 def number(cell: str | None) -> float | None:
     """The first number in a cell ("5,032", "13.22 / 13.30"); None where there is none."""
-    m = re.search(r"\d[\d,]*(?:\.\d+)?", cell or "")
+    m = re.search(r"-?\d[\d,]*(?:\.\d+)?", cell or "")
     return float(m[0].replace(",", "")) if m else None
 
 
@@ -73,7 +73,7 @@ def read_probe(path: str | Path = PRICED) -> dict:
              "torch": value.get("torch"), "stack": next((r for k, r in rows.items() if k.startswith(STACK_ROW)), None)}
     numbers = {"rate": RATE_ROW, "gflop": FLOPS_ROW, "peak_gib": PEAK_ROW, "estimate_gib": ESTIMATE_ROW}
     probe |= {k: number(value.get(row)) for k, row in numbers.items()}
-    if missing := [repr(numbers.get(k, k)) for k, v in probe.items() if not v]:
+    if missing := [repr(numbers.get(k, k)) for k, v in probe.items() if not v or isinstance(v, float) and v <= 0]:
         raise ProbeFileError(f"{path} has no {', '.join(missing)}: {rerun}")
     return probe
 
