@@ -214,7 +214,9 @@ def stage_logs(timings: Path, since: float) -> dict | None:
     stamp: DVC skipped the stage as up to date, or it was cut before saving, and any log there is
     an older run's)."""
     path = timings / "phases.json"
-    if not path.exists() or path.stat().st_mtime < since:
+    # A file's mtime comes from the kernel's coarse clock, which lags time.time() by up to a tick:
+    # a log written just after `since` can read as older. An older run's log is seconds older.
+    if not path.exists() or path.stat().st_mtime < since - 1.0:
         return None
     marks = {k: v for k, v in json.loads(path.read_text())["seconds_since_start"].items() if v is not None}
     records = sorted(timings.glob("seed*.json"))
