@@ -47,7 +47,7 @@ def main(argv=None) -> dict:
     if len(a.stacks) < 2 or min(a.stacks) < 1:
         ap.error(f"--stacks {a.stacks}: give two or more sizes >= 1")
     import structinit as si
-    from structinit.training.common import cpu_has_native_bf16
+    from structinit.training.stacked import cpu_has_native_bf16
 
     data = si.ImageData.load(a.data)
     subset = torch.arange(a.train_size) if a.train_size else None

@@ -49,7 +49,7 @@ def child(epochs: int, data_path: str, params_path: str, amp: str = "auto", trai
     device = si.default_device()
     probe = build_model(rec["model"], data.spec).to(device)
     try:                      # the precision rule, where the contender has it on its own
-        from structinit.training.common import compute_dtype
+        from structinit.training.stacked import compute_dtype
         bf16 = compute_dtype(cfgs[0], device) == "bf16"
     except ImportError:
         try:

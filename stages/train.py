@@ -33,9 +33,10 @@ from structinit.pipeline.cells import parse_init, run_name, seed_dir
 from structinit.pipeline.load import load_params
 from structinit.training.config import TrainConfig
 from structinit.distributed import DistributedContext, relaunch_under_torchrun, requested_micro_batch
-from structinit.training.steps import match_steps, steps_per_epoch, subset_size, total_steps
+from structinit.training.config import match_steps, steps_per_epoch, subset_size, total_steps
 from structinit.training.checkpoint import code_fingerprint
-from structinit.training.common import compute_dtype, default_device, precision_note
+from structinit.training.stacked import compute_dtype, precision_note
+from structinit.training.trainer import default_device
 from structinit.training.trainer import train_models
 
 
@@ -63,7 +64,7 @@ def parse_args():
                            "(data.train_size: all by default), stratified with data.subset_seed")
     size.add_argument("--match-steps", action="store_true",
                       help="with --train-fraction: as many optimizer steps as the main grid's run "
-                           "(epochs, warm-up and eval_every scaled: structinit/training/steps.py)")
+                           "(epochs, warm-up and eval_every scaled: structinit/training/config.py)")
     add_variant_options(vit)
     a = ap.parse_args()
     a.method = a.kernel = None

@@ -54,7 +54,7 @@ LAZY_EXPORTS: dict[str, str] = {
     "create_convmixer": "structinit.models.convmixer",
     "create_vit": "structinit.models.vit",
     "TrainConfig": "structinit.training.config",
-    "default_device": "structinit.training.common",
+    "default_device": "structinit.training.trainer",
     "train_model": "structinit.training.trainer",
     "train_models": "structinit.training.trainer",
 }
@@ -85,5 +85,5 @@ if TYPE_CHECKING:                               # what type checkers and IDEs re
                                  solve_impulse_qk)
     from structinit.models import FILTER_MODES, VIT_T2_CIFAR, create_convmixer, create_vit
     from structinit.training.config import TrainConfig
-    from structinit.training.common import default_device
+    from structinit.training.trainer import default_device
     from structinit.training.trainer import train_model, train_models

@@ -6,8 +6,8 @@ from timm.layers import DropPath
 
 import structinit as si
 from conftest import small_vit
-from structinit.training.batches import BatchAugmentation
-from structinit.training.step import ChunkedGradients, Objective, WholeBatchGradients, plan_cpu_chunks
+from structinit.training.trainer import BatchAugmentation
+from structinit.training.stacked import ChunkedGradients, Objective, WholeBatchGradients, plan_cpu_chunks
 from structinit.training.stacked import StackedModels
 
 CPU = torch.device("cpu")

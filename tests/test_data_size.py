@@ -17,7 +17,7 @@ from stages.train import data_size_cell
 from structinit import stratified_subset
 from structinit.reporting import stats
 from structinit.data.specs import TRAIN_IMAGES
-from structinit.training.steps import match_steps, steps_per_epoch, subset_size, total_steps
+from structinit.training.config import match_steps, steps_per_epoch, subset_size, total_steps
 
 REPO = Path(__file__).resolve().parents[1]
 # the digits recipe at a fixed 20 epochs (warm-up 1): these tests check the step arithmetic on

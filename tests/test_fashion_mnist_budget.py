@@ -49,7 +49,7 @@ def test_tiny_budget_run_reports_and_resumes(tmp_path, monkeypatch, capsys):
 
 
 def test_without_a_gpu_it_stops_and_says_how_long_the_cpu_would_take(monkeypatch, tmp_path):
-    monkeypatch.setattr("structinit.training.common.default_device", lambda: torch.device("cpu"))
+    monkeypatch.setattr("structinit.training.trainer.default_device", lambda: torch.device("cpu"))
     monkeypatch.setattr("structinit.pipeline.estimate.training_time_line", lambda *a, **k: "ABOUT 3 days")
     with pytest.raises(SystemExit, match="no GPU: this is a GPU measurement. ABOUT 3 days"):
         tool.main(["--budget", "--out", str(tmp_path)])

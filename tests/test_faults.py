@@ -14,7 +14,7 @@ import torch
 
 import structinit as si
 from structinit.io import CorruptFileError, load_checked, save_checked, without_timings
-from structinit.training.common import NonFiniteLossError
+from structinit.training.trainer import NonFiniteLossError
 from tests.conftest import small_vit
 from tests.test_pipeline import REPO, set_params, sh, tiny_repo_copy
 

@@ -93,8 +93,8 @@ CHECKED = {
     "160 epochs": lambda: yaml.safe_load(text("params.yaml"))["recipes"]["digits"]["train"]["epochs"] == 160,
     "instead of 160": lambda: yaml.safe_load(text("params.yaml"))["recipes"]["digits"]["train"]["epochs"] == 160,
     "0.08–0.12": lambda: all(8 <= committed_curve_start(i) <= 12 for i in ("impulse3", "trunc_normal")),
-    "compute capability 8.0": lambda: ">= (8, 0)" in text("structinit/training/common.py"),
-    "under 1 TFLOP": lambda: "FILLS_A_GPU_FLOPS = 1e12" in text("structinit/training/memory.py"),
+    "compute capability 8.0": lambda: ">= (8, 0)" in text("structinit/training/stacked.py"),
+    "under 1 TFLOP": lambda: "FILLS_A_GPU_FLOPS = 1e12" in text("structinit/memory.py"),
     "1.00–1.25×": lambda: "peak <= estimate" in text("tests/test_memory.py")
     and "estimate <= 1.25 * peak" in text("tests/test_memory.py"),
     "Python ≥ 3.11": lambda: "Python >= 3.11" in text("run.sh"),

@@ -1,10 +1,10 @@
-"""The memory estimate printed before a cell trains (structinit/training/memory.py)."""
+"""The memory estimate printed before a cell trains (structinit/memory.py)."""
 import pytest
 import torch
 
 import structinit as si
 from conftest import small_vit
-from structinit.training.memory import PeakBytes, estimate_training_memory, simulated_peak_bytes
+from structinit.memory import PeakBytes, estimate_training_memory, simulated_peak_bytes
 from structinit.training.trainer import train_models
 
 
@@ -158,7 +158,7 @@ def test_the_estimate_calls_nothing_deprecated_and_warns_nothing():
     as torch does without it: no warning, and the same figures (tests above)."""
     import warnings
 
-    from structinit.training.memory import training_flops_per_image
+    from structinit.memory import training_flops_per_image
 
     sample = torch.randn(8, 1, 8, 8)
     with warnings.catch_warnings():

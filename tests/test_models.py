@@ -3,7 +3,7 @@ import torch
 from timm.models import VisionTransformer
 
 import structinit as si
-from structinit.training import common
+from structinit.training import trainer as common
 from structinit.models.vit import sincos_position_encoding
 from conftest import small_vit
 

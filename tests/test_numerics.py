@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import structinit as si
-import structinit.training.common as train_module
+import structinit.training.stacked as train_module
 from stages.common import REMOVED_NUMERICS_VAR as REMOVED_VAR, refuse_removed_setting
 from structinit.numerics import numerics_record
 
@@ -36,7 +36,7 @@ for m in models:
     for name, t in m.state_dict().items():
         digest.update(name.encode() + t.contiguous().numpy().tobytes())
 digest.update(repr([h["train_loss"] for hist in hists for h in hist]).encode())
-from structinit.training.common import compute_dtype
+from structinit.training.stacked import compute_dtype
 print(json.dumps({"digest": digest.hexdigest(), "dtype": compute_dtype(cfg, torch.device("cpu"))}))
 """
 

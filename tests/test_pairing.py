@@ -7,7 +7,7 @@ import torch
 
 import structinit as si
 from conftest import small_vit
-from structinit.training.batches import BatchAugmentation
+from structinit.training.trainer import BatchAugmentation
 
 C = 48
 

@@ -7,7 +7,7 @@ import structinit as si
 from structinit.models import convmixer
 from conftest import small_vit
 from structinit.training.stacked import StackedModels, mean_cross_entropy, clip_grad_norm_per_model
-from structinit.training.reference import train_plain
+from reference import train_plain
 from structinit.training.trainer import train_models
 
 # fp32 (amp off): these tests compare stacked, chunked and plain steps to float noise, which
@@ -291,7 +291,7 @@ def test_batched_step_computes_in_bf16_under_autocast():
     matmuls run in bf16 (logits come out bf16), and its gradients stay close to fp32's."""
     models = _vits([0, 1])
     x, y = torch.randn(2, 16, 1, 8, 8), torch.randint(0, 10, (2, 16))
-    from structinit.training.step import Objective
+    from structinit.training.stacked import Objective
     cpu, stack = torch.device("cpu"), StackedModels(models)
     grads, losses, logits = Objective(stack, si.TrainConfig(), cpu, "bf16")(stack, x, y)
     assert logits.dtype == torch.bfloat16 and losses.dtype == torch.float32
@@ -306,7 +306,7 @@ def test_batched_step_computes_in_bf16_under_autocast():
 def test_what_has_no_batched_form_falls_back_to_vmap():
     """A frozen tensor that differs between the models (here the position encoding) or a
     trained parameter outside Linear/LayerNorm/Conv2d (a class token) has no batched form."""
-    from structinit.training.batched import why_not_batched
+    from structinit.training.stacked import why_not_batched
     a, b = _vits([0, 1])
     with torch.no_grad():
         b.pos_embed.add_(1.0)
@@ -332,8 +332,8 @@ def test_batched_stack_on_cuda_is_each_models_own():
     x, y = torch.randn(2, 32, 1, 8, 8), torch.randint(0, 10, (2, 32))
     stack = StackedModels(models).to(torch.device("cuda"))
     assert stack.batched is not None
-    from structinit.training.common import compute_dtype
-    from structinit.training.step import Objective
+    from structinit.training.stacked import compute_dtype
+    from structinit.training.stacked import Objective
     cfg, cuda = si.TrainConfig(amp="auto"), torch.device("cuda")
     grads, losses, logits = Objective(stack, cfg, cuda, compute_dtype(cfg, cuda))(stack, x.cuda(), y.cuda())
     assert logits.dtype == torch.bfloat16
@@ -397,7 +397,7 @@ def test_checkpoint_every_s_writes_only_when_due_and_after_the_last_epoch(digits
 def test_micro_batches_are_the_whole_batch_step_to_float_noise():
     """STRUCTINIT_MICRO_BATCH for the stacked trainer: a batch of 64 per model as pieces of 24
     (24, 24, 16, weighted by share) gives the one-pass gradients, losses and counts."""
-    from structinit.training.step import Objective, plan_gradients
+    from structinit.training.stacked import Objective, plan_gradients
     cfg = si.TrainConfig(seed=0, **FAST)
     x, y = torch.randn(2, 64, 1, 8, 8), torch.randint(0, 10, (2, 64))
     results = []
@@ -418,7 +418,7 @@ def test_micro_batches_are_the_whole_batch_step_to_float_noise():
 
 
 def test_micro_batches_are_refused_where_they_change_the_step():
-    from structinit.training.step import plan_gradients
+    from structinit.training.stacked import plan_gradients
     stack = StackedModels(_convmixers([0, 1]))
     with pytest.raises(ValueError, match=r"micro-batches of 8 images .*BatchNorm2d.*STRUCTINIT_MICRO_BATCH"):
         plan_gradients(1, stack, torch.device("cpu"), 64, lambda *a: None, micro_batch=8)

@@ -19,7 +19,7 @@ from structinit.data.specs import get_spec
 from structinit.pipeline.build import build_model
 from structinit.io import load_checked
 from structinit.training import trainer
-from structinit.training.memory import plan_stacking
+from structinit.memory import plan_stacking
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = yaml.safe_load((ROOT / "params.yaml").read_text())["recipes"]

@@ -14,13 +14,13 @@ import structinit as si
 from conftest import small_vit
 from fake_graph import FakeCuda
 from structinit.distributed import DistributedContext
-from structinit.training import step as step_module
-from structinit.training.batches import BatchAugmentation
-from structinit.training.checkpoint import stacked_adamw
-from structinit.training.common import lr_at
+from structinit.training import trainer as step_module
+from structinit.training.trainer import BatchAugmentation
+from structinit.training.trainer import stacked_adamw
+from structinit.training.trainer import lr_at
 from structinit.training.stacked import StackedModels
-from structinit.training.step import (WARMUP_STEPS, Objective, StepGraph, WholeBatchGradients, plan_step_graph,
-                                      train_step)
+from structinit.training.stacked import Objective, WholeBatchGradients
+from structinit.training.trainer import WARMUP_STEPS, StepGraph, plan_step_graph, train_step
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda", 0)
@@ -237,7 +237,7 @@ def test_a_captured_steps_memory_keeps_its_training_peak_beside_the_evaluation()
     """The estimate the stacking plan weighs: eager, the evaluation reuses the training pass's
     freed memory (a small one adds nothing to the peak); captured, the graph's private memory
     keeps the training pass's peak and the evaluation comes on top of it."""
-    from structinit.training.memory import simulated_peak_bytes
+    from structinit.memory import simulated_peak_bytes
 
     models = [small_vit(), small_vit()]
     peak = functools.partial(simulated_peak_bytes, models, (1, 8, 8), images_per_pass=64, dtype="fp32")
@@ -277,7 +277,8 @@ def test_on_cuda_the_replayed_step_trains_as_the_eager_one():
     from structinit.data.specs import get_spec
     from structinit.pipeline.build import build_model
     from structinit.pipeline.load import load_params
-    from structinit.training.common import compute_dtype, schedule_steps
+    from structinit.training.stacked import compute_dtype
+    from structinit.training.trainer import schedule_steps
 
     recipe, spec = load_params()["recipes"]["fashion_mnist"], get_spec("fashion_mnist")
     cfg = si.TrainConfig(**recipe["train"])
@@ -359,7 +360,7 @@ def test_the_trainer_trains_through_the_graphs_step_and_resumes_where_it_was_cut
 
 
 def test_a_graph_whose_memory_would_pass_the_gpus_share_is_not_captured(monkeypatch):
-    from structinit.training.memory import GPU_SHARE, MemoryEstimate, graph_fits
+    from structinit.memory import GPU_SHARE, MemoryEstimate, graph_fits
 
     card = type("Properties", (), {"total_memory": 100 * 2 ** 30})
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: card)

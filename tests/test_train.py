@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import structinit as si
-from structinit.training import common
+from structinit.training import trainer as common
 from conftest import small_vit
 
 # Fast-learning optimizer settings for trainer tests: Adam eps 1e-8, not the paper's 1e-3

@@ -401,7 +401,7 @@ def main(argv=None) -> int:
     from structinit.data.tensors import prepare_dataset, validation_split
     from structinit.evidence.epoch_budget import run_budget
     from structinit.pipeline.load import load_params
-    from structinit.training.common import default_device
+    from structinit.training.trainer import default_device
 
     params = load_params(REPO / "params.yaml")
     rec = params.recipe(DATASET)

@@ -41,7 +41,8 @@ from structinit.reporting.curves import read_run
 from structinit.reporting import stats
 from structinit.reporting.presentation import init_label
 from structinit.training.checkpoint import code_fingerprint
-from structinit.training.common import compute_dtype, default_device
+from structinit.training.stacked import compute_dtype
+from structinit.training.trainer import default_device
 
 ARMS = ["kaiming_uniform", "trunc_normal", "mimetic", "mimetic_qk", "impulse3", "impulse5"]
 STACKINGS = ("cell", "all")

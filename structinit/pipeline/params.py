@@ -33,7 +33,7 @@ from structinit.data import own
 from structinit.data.specs import DATASETS, STREAMED, TRAIN_IMAGES
 from structinit.pipeline.initializers import SHIPPED, declared, method_names
 from structinit.pipeline.load import Params, ParamsError, load_params
-from structinit.training.steps import subset_size
+from structinit.training.config import subset_size
 
 
 class _Section(BaseModel):

@@ -30,7 +30,7 @@ from structinit.reporting import tables as report
 from structinit.reporting.budget import budget_sentences
 from structinit.reporting.presentation import init_label
 from structinit.reporting.runs import ran_with, read_cell
-from structinit.training.steps import steps_per_epoch
+from structinit.training.config import steps_per_epoch
 
 
 SOFTNESS_CAVEAT = (
@@ -306,7 +306,7 @@ def data_size(params, main: Path, studies: Path, out: Path, figures: Path | None
             "trained less. Steps per epoch = images // batch (drop-last; the batch is kept); epochs = "
             "round(main grid's steps / steps per epoch); the warm-up lasts the main grid's warm-up "
             "steps, and the test set is evaluated about as often in steps, and at the last epoch "
-            "(`structinit/training/steps.py`).\n\n"
+            "(`structinit/training/config.py`).\n\n"
             + _what_ran(params, "data_size", f"Steps held: {held}", runs, budgets) + "\n\n"
             + report.schedule_table(runs) + "\n\n"
             + report.study_table(runs, "init", "size", rows=list(s["inits"]), cols=sizes,

@@ -6,7 +6,6 @@ trainer's file (every model's weights, history and AdamW state in one file).
     restore_checkpoint(path, key, fingerprint, load, ...)   both trainers' resume rule
     restore_stack(models, fingerprints, path, ...)  the stacked trainer's: each model's (history, AdamW state)
     save_stack(path, fingerprints, epoch, histories, stack, opt)
-    stacked_adamw(stack, states, cfg, device)       AdamW over a stack, each model's restored state in its slice
 
 The optimizer state is written in each model's own layout, as its weights are: a checkpoint
 does not depend on whether its models trained stacked (a stack holds the batched Linear
@@ -22,7 +21,6 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 import torch
 
 from structinit.io import CorruptFileError, load_checked, save_checked
-from structinit.training.common import decay_groups
 from structinit.training.config import TrainConfig
 
 if TYPE_CHECKING:              # the streamed trainer imports this module, never the stack's code
@@ -164,23 +162,6 @@ def restore_stack(models: list[torch.nn.Module], fingerprints: list[dict], path:
                               announce=announce, epochs_done=lambda restored: len(restored[0][0]), epochs=epochs)
 
 
-def stacked_adamw(stack: StackedModels, states: list[dict | None], cfg: TrainConfig,
-                  device: torch.device) -> torch.optim.Optimizer:
-    """AdamW over the stacked parameters, with each model's restored state (optimizer_state_of's)
-    in its slice. AdamW is elementwise, so one optimizer over the stack updates each model as
-    its own would. fused: one kernel for all parameters instead of a handful per tensor."""
-    named = stack.trainable()
-    opt = torch.optim.AdamW(decay_groups(list(named.values()), cfg.weight_decay, stack.stacked_dims), lr=cfg.lr,
-                            eps=cfg.adam_eps, fused=device.type in ("cuda", "cpu"))
-    if states[0] is not None:                 # one checkpoint: all restored, or none
-        steps = {s["step"] if s else None for s in states}
-        assert len(steps) == 1, f"stacked runs at different optimizer steps {steps}"
-        for name, p in named.items():
-            opt.state[p] = {
-                "step": torch.tensor(float(states[0]["step"]), dtype=torch.float32, device=device),
-                **{k: stack.stack_slices([stack.in_model_layout(name, s[k][name]) for s in states]).to(device)
-                   for k in ("exp_avg", "exp_avg_sq")}}
-    return opt
 
 
 def optimizer_state_of(opt: torch.optim.Optimizer, stack: StackedModels, i: int) -> dict | None:

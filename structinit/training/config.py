@@ -1,14 +1,29 @@
-"""TrainConfig: a training recipe (params.yaml's recipes.<dataset>.train); the RandAugment
-policy string it may name is parsed by config.RandAugmentPolicy. Torch-free: the params schema checks a file against it
-before any stage imports torch."""
+"""The training recipe, torch-free: the params schema checks a file against it before any stage
+imports torch.
+
+    TrainConfig                                 params.yaml's recipes.<dataset>.train; its RandAugment
+                                                policy string is parsed by config.RandAugmentPolicy
+    steps_per_epoch(n, batch_size)              optimizer steps per epoch, as both trainers count (drop-last)
+    match_steps(train, n_reference, n_subset)   the recipe for n_subset images with as many optimizer
+                                                steps as on n_reference
+
+Why match_steps: the same epochs on 10 % of the images are 10 % of the optimizer steps, and a
+model that is simply trained less looks worse whatever its initialization. The data-size study
+compares initializers at equal training length instead.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from structinit.config import RandAugmentPolicy
 
+
 AMP_MODES = ("auto", "bf16", "off")
+
+
 COMPILE_MODES = ("auto", "on", "off")
+
+
 CUDA_GRAPH_MODES = ("auto", "off")
 
 
@@ -86,3 +101,48 @@ class TrainConfig:
         """lr for this global batch: timm's rule for Adam-family optimizers, lr * sqrt(ratio)
         (train.py's --lr-base/--lr-base-size, the official ImageNet command's lr 4e-3 at 4096)."""
         return self.lr if self.lr_batch_size is None else self.lr * (global_batch / self.lr_batch_size) ** 0.5
+
+
+def subset_size(n: int, size: float | int | None) -> int:
+    """How many of `n` images stratified_subset(labels, size, seed) keeps (data/tensors.py's rule):
+    None or 1.0 = all, a float = round(size * n), an int = that many."""
+    if size is None or size == 1.0:
+        return n
+    return round(size * n) if isinstance(size, float) else size
+
+
+def steps_per_epoch(n: int, batch_size: int) -> int:
+    """Optimizer steps in one epoch over n images, as both trainers count them: the batch is
+    min(batch_size, n) and the ragged last batch is dropped (static shapes). The on-device
+    trainer (trainer.py) shrinks a batch larger than n to n; the streamed one (streamed.py)
+    refuses such a batch, so there it is n // batch_size."""
+    if n < 1 or batch_size < 1:
+        raise ValueError(f"n={n}, batch_size={batch_size}: both must be >= 1")
+    return n // min(batch_size, n)
+
+
+def total_steps(train: dict, n: int) -> int:
+    """Optimizer steps of a whole run: epochs x steps per epoch."""
+    return train["epochs"] * steps_per_epoch(n, train["batch_size"])
+
+
+def match_steps(train: dict, n_reference: int, n_subset: int) -> dict:
+    """`train` (settings for n_reference images) for n_subset images at about the same number
+    of optimizer steps: epochs, warm-up steps and the evaluation interval in steps are held.
+    The batch size is kept (a smaller batch would be another recipe, not less data), so
+    n_subset must hold one batch: ValueError otherwise."""
+    batch = train["batch_size"]
+    if n_subset < batch:
+        raise ValueError(f"n_subset={n_subset}: fewer images than one batch ({batch}); allowed: "
+                         f"{batch}..{n_reference} images, or lower recipes.<dataset>.train.batch_size")
+    if n_subset > n_reference:
+        raise ValueError(f"n_subset={n_subset}: more images than the reference run's {n_reference}")
+    ref_per_epoch = steps_per_epoch(n_reference, batch)
+    per_epoch = steps_per_epoch(n_subset, batch)
+    epochs = max(1, round(train["epochs"] * ref_per_epoch / per_epoch))
+    warmup_steps = round(train["warmup_epochs"] * ref_per_epoch)   # as the trainer counts them
+    eval_steps = train.get("eval_every", 1) * ref_per_epoch  # else a 10 % subset evaluates 10x as often
+    warmup = min(warmup_steps / per_epoch, epochs)
+    return {**train, "epochs": epochs,
+            "warmup_epochs": int(warmup) if warmup == int(warmup) else warmup,   # 11, not 11.0
+            "eval_every": max(1, round(eval_steps / per_epoch))}

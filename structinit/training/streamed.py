@@ -32,12 +32,12 @@ from tqdm.auto import tqdm
 from structinit.data.imagenet import SeededAugmentation, test_loader, train_loader
 from structinit.io import save_checked
 from structinit.training.checkpoint import checkpoint_fingerprint, restore_checkpoint
-from structinit.training.common import (NonFiniteLossError, autocast, compute_dtype, lr_at, param_groups,
-                                        schedule_steps)
+from structinit.training.stacked import autocast, compute_dtype
+from structinit.training.trainer import NonFiniteLossError, lr_at, param_groups, schedule_steps
 from structinit.training.config import TrainConfig
 from structinit.distributed import DistributedContext, refuse_batchnorm
-from structinit.training.memory import memory_report
-from structinit.training.steps import steps_per_epoch
+from structinit.memory import memory_report
+from structinit.training.config import steps_per_epoch
 
 
 def _announce_memory(model, test_set, batch: int, micro_batch: int | None, dtype: str, device) -> None:

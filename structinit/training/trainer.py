@@ -7,15 +7,17 @@ Several models of one architecture and one recipe (they may differ in weights an
 as one stacked model (stacked.py): each op runs all of them at once, and each model's result
 is what it would be trained alone, to float noise.
 
-Here: what a caller calls and the epoch loop. Elsewhere, one concern each: the step
-(step.py: forward and loss, backward, clipping, the optimizer step), the batches and their
-augmentation (batches.py), the evaluation (evaluation.py), checkpoints and the optimizer's
-state (checkpoint.py), whether the seeds stack and how much memory they need (memory.py).
+Read top to bottom: what a caller calls and the epoch loop; the step (`train_step`: forward and
+loss, backward, per-model clipping, one AdamW step over the stack) with its optimizer and its
+learning-rate schedule; the step captured as one CUDA graph (`StepGraph`); the batches and their
+augmentation; the evaluation. Checkpoints are checkpoint.py's; whether the seeds stack and how
+much memory they need, structinit/memory.py's.
 
 The whole dataset lives on the training device as one uint8 tensor; each batch is gathered,
-augmented and normalized there. Each model has its own data order (its seed's) and its own
-metrics; the checkpoint holds every model's state in one file, written atomically, so a kill
-can never leave the models at different epochs.
+augmented and normalized there. Each model has its own data order (its seed's, drawn from a
+generator seeded by (seed, epoch), so a resumed run continues exactly as the uninterrupted one)
+and its own metrics; the checkpoint holds every model's state in one file, written atomically,
+so a kill can never leave the models at different epochs.
 """
 from __future__ import annotations
 
@@ -24,22 +26,22 @@ import functools
 import math
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from structinit.config import RandAugmentPolicy
+from structinit.data.augment import apply_hflip, apply_rand_augment, draw_hflip, draw_rand_augment
 from structinit.data.tensors import ImageData
 from structinit.distributed import DistributedContext, refuse_batchnorm
-from structinit.training.batches import BatchAugmentation, EpochBatches, epoch_generator
-from structinit.training.checkpoint import checkpoint_fingerprint, restore_stack, save_stack, stacked_adamw
-from structinit.training.common import (NonFiniteLossError, compute_dtype, default_device, lr_at, precision_note,
-                                        schedule_steps)
-from structinit.training.config import TrainConfig
-from structinit.training.evaluation import evaluate_stack
-from structinit.training.memory import estimate_training_memory, graph_fits, memory_report, plan_stacking
-from structinit.training.stacked import StackedModels
-from structinit.training.step import Objective, StepGraph, plan_gradients, plan_step_graph, train_step
+from structinit.errors import StructinitError
+from structinit.memory import estimate_training_memory, graph_fits, memory_report, plan_stacking
+from structinit.training.checkpoint import checkpoint_fingerprint, restore_stack, save_stack
+from structinit.training.config import TrainConfig, steps_per_epoch
+from structinit.training.stacked import (GUARDED_CALLS, ChunkedGradients, Objective, StackedModels, WholeBatchGradients,
+                                         autocast, compute_dtype, plan_gradients, precision_note)
 
 
 def train_model(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
@@ -303,3 +305,336 @@ def _stop_if_nonfinite(first_bad_step: torch.Tensor, seeds: list[int], epoch: in
             f"{n_steps} (global step {epoch * n_steps + step + 1}); this cell has "
             f"failed{' (also seeds ' + str([s for s, _ in bad[1:]]) + ')' if len(bad) > 1 else ''}"
             " and nothing after its last finished epoch was written. Lower the lr or check the data.")
+
+
+class StepResult(NamedTuple):
+    loss_sum: torch.Tensor      # (N,) each model's summed per-image loss over its batch
+    correct: torch.Tensor       # (N,) each model's correct predictions
+    nonfinite: torch.Tensor     # (N,) bool: the model's loss or gradient norm was NaN or inf
+    meanwhile: object           # what the caller's `meanwhile()` returned
+
+
+def train_step(stack: StackedModels, opt: torch.optim.Optimizer, gradients: "WholeBatchGradients | ChunkedGradients",
+               x: torch.Tensor, y: torch.Tensor, *, lr: float | None, max_norm: float, ctx: DistributedContext,
+               meanwhile: Callable[[], object] | None = None) -> StepResult:
+    """One step of every stacked model on its batch: x (N, B, ...), y (N, B). Nothing reads
+    back to the host: the results stay on the device. meanwhile(): the caller's work while the
+    gradients compute (the next batch), run between submitting the pieces and collecting them,
+    which on the CPU's chunks overlaps them. lr None: the optimizer's as it stands (StepGraph
+    fills the device tensor it holds)."""
+    if lr is not None:
+        for group in opt.param_groups:
+            group["lr"] = lr
+    # (1)-(2) forward, loss and backward of every piece of the batch
+    pending = gradients.submit(x, y)
+    upcoming = meanwhile() if meanwhile is not None else None
+    loss_sum, correct = gradients.collect(pending)                     # sets each parameter's .grad
+    if ctx.enabled:                               # what DDP does: the global batch's mean gradient,
+        ctx.average_gradients(list(stack.trainable().values()))        # in a few bucketed collectives
+    # (3) each model's gradients clipped to its own total norm (inf: not clipped)
+    norms = stack.clip_grad_norms(max_norm)                            # (N,)
+    nonfinite = ~torch.isfinite(loss_sum) | ~torch.isfinite(norms)
+    # (4) the update
+    opt.step()
+    return StepResult(loss_sum, correct, nonfinite, upcoming)
+
+
+def stacked_adamw(stack: StackedModels, states: list[dict | None], cfg: TrainConfig,
+                  device: torch.device) -> torch.optim.Optimizer:
+    """AdamW over the stacked parameters, with each model's restored state (optimizer_state_of's)
+    in its slice. AdamW is elementwise, so one optimizer over the stack updates each model as
+    its own would. fused: one kernel for all parameters instead of a handful per tensor."""
+    named = stack.trainable()
+    opt = torch.optim.AdamW(decay_groups(list(named.values()), cfg.weight_decay, stack.stacked_dims), lr=cfg.lr,
+                            eps=cfg.adam_eps, fused=device.type in ("cuda", "cpu"))
+    if states[0] is not None:                 # one checkpoint: all restored, or none
+        steps = {s["step"] if s else None for s in states}
+        assert len(steps) == 1, f"stacked runs at different optimizer steps {steps}"
+        for name, p in named.items():
+            opt.state[p] = {
+                "step": torch.tensor(float(states[0]["step"]), dtype=torch.float32, device=device),
+                **{k: stack.stack_slices([stack.in_model_layout(name, s[k][name]) for s in states]).to(device)
+                   for k in ("exp_avg", "exp_avg_sq")}}
+    return opt
+
+
+def lr_at(step: int, total_steps: int, warmup_steps: int, cfg: TrainConfig) -> float:
+    """Linear warm-up from 0, then cosine to min_lr; a function of the step, so resumable.
+    cfg.warmup_prefix: the cosine starts where warm-up ends; else (timm's default, the paper's
+    runs) it runs over all steps from step 0 and warm-up replaces its start."""
+    if step < warmup_steps:
+        return cfg.lr * (step + 1) / warmup_steps
+    t = ((step - warmup_steps) / max(1, total_steps - warmup_steps) if cfg.warmup_prefix
+         else step / max(1, total_steps))
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * t))
+
+
+def schedule_steps(cfg: TrainConfig, steps_per_epoch: int) -> tuple[int, int]:
+    """lr_at's (total_steps, warmup_steps) for cfg.epochs epochs of steps_per_epoch steps
+    (steps.py's match_steps counts warm-up steps the same way)."""
+    return steps_per_epoch * cfg.epochs, round(cfg.warmup_epochs * steps_per_epoch)
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """No weight decay on 1-D parameters (biases, norms); frozen ones are left out."""
+    return decay_groups([p for p in model.parameters() if p.requires_grad], weight_decay, 0)
+
+
+def decay_groups(params: list[torch.Tensor], weight_decay: float, stacked_dims: int) -> list[dict]:
+    """stacked_dims: leading model dimensions (1 for a StackedModels' tensors)."""
+    decay = [p for p in params if p.ndim - stacked_dims > 1]
+    no_decay = [p for p in params if p.ndim - stacked_dims <= 1]
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+# Eager steps before the capture: the objective's guarded calls (a compile, its checks, which
+# synchronize and so cannot run while capturing), AdamW's state (made at its first step), and
+# cuBLAS's workspace on the capturing stream. They are real steps of the run.
+WARMUP_STEPS = GUARDED_CALLS
+
+
+# A capture failed in this process: later cells (a cell's seeds one after another) do not try
+# again and warn again.
+_FAILED_CAPTURE = False
+
+
+def plan_step_graph(setting: str, way: str, device: torch.device, processes: int,
+                    micro_batch: int | None, batch: int) -> tuple[bool, str]:
+    """Whether the step is captured as one CUDA graph (StepGraph), and why (for the log).
+    setting: TrainConfig.cuda_graph; way: the stack's (StackedModels.way); processes: how many
+    share each step (torchrun); micro_batch, batch: images per model per pass and per step in
+    this process (plan_gradients's). auto: on CUDA, for a stack of models (the small models a
+    host sets the pace of; one plain model fills the card with its own work)."""
+    if setting == "off":
+        return False, "cuda_graph: off"
+    if _FAILED_CAPTURE:
+        return False, "capturing failed earlier in this process"
+    if device.type != "cuda":
+        return False, f"no CUDA graph on {device.type}"
+    if way == "plain":
+        return False, "one model: its kernels, not the host, set its pace"
+    if way == "by vmap":
+        return False, "the vmap way does not capture"
+    if processes > 1:
+        return False, "several processes: the gradients' collectives stay outside a graph"
+    if micro_batch is not None and micro_batch < batch:
+        return False, "micro-batches: the step is several passes"
+    return True, "the whole step as one CUDA graph"
+
+
+class StepGraph:
+    """train_step, captured once as one CUDA graph and replayed for every later step: a step
+    is then the batch and lr copied into the graph's input tensors and one launch, where eager
+    it is hundreds of kernel launches (forward, backward, clipping, AdamW), each costing the
+    host more time than a small stacked model's kernel costs the GPU.
+
+        step = StepGraph(stack, opt, gradients, max_norm=3.0, ctx=ctx, capture=True)
+        out = step(x, y, lr=lr, meanwhile=next_batch)        # a StepResult, as train_step's
+
+    The first WARMUP_STEPS steps run eager on the stream the capture then uses; the next one
+    is captured and replayed, and every later one replays. Each step's inputs and results are
+    the graph's own tensors (the results are overwritten by the next step: read or add them
+    before it). The lr lives in a device tensor the optimizer reads (AdamW with capturable on)
+    and is filled each step, so the schedule moves inside the graph.
+
+    capture=False: the same function runs eagerly every step, on the same tensors (the CPU,
+    the tests): the numbers the graph replays. A capture that fails warns once and the run
+    goes on eager with the step that failed re-run (a capture computes nothing), so no step is
+    lost. The optimizer must stay this one's (its lr is a tensor from here on)."""
+
+    def __init__(self, stack: StackedModels, opt: torch.optim.Optimizer, gradients: "WholeBatchGradients",
+                 *, max_norm: float, ctx: DistributedContext, capture: bool):
+        self.step = functools.partial(train_step, stack, opt, gradients, lr=None, max_norm=max_norm, ctx=ctx)
+        device = next(iter(stack.trainable().values())).device
+        # One lr tensor that every group reads, on the parameters' device (fused AdamW reads a
+        # host tensor's value on the host: a capture would bake it in); float32, as the kernel takes it.
+        self.lr = torch.tensor(float(opt.param_groups[0]["lr"]), dtype=torch.float32, device=device)
+        for group in opt.param_groups:
+            group["lr"], group["capturable"] = self.lr, True
+        # AdamW warns once that a capturable optimizer stepping uncaptured is slower: the
+        # warm-up steps are, on purpose
+        opt._warned_capturable_if_run_uncaptured = True
+        self.capture, self.device = capture, device
+        self.x = self.y = self.out = self.graph = self.stream = None
+        self.steps, self.failed = 0, False
+
+    def _inputs(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> None:
+        if self.x is None:
+            self.x, self.y = torch.empty_like(x), torch.empty_like(y)
+        elif x.shape != self.x.shape or y.shape != self.y.shape:
+            raise ValueError(f"a captured step takes one shape: batch {tuple(x.shape)}, {tuple(y.shape)} where it "
+                             f"was captured with {tuple(self.x.shape)}, {tuple(self.y.shape)}")
+        self.x.copy_(x)
+        self.y.copy_(y)
+        self.lr.fill_(lr)
+
+    def _eager(self) -> tuple:
+        out = self.step(self.x, self.y)
+        return out.loss_sum, out.correct, out.nonfinite
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, *, lr: float,
+                 meanwhile: Callable[[], object] | None = None) -> StepResult:
+        self._inputs(x, y, lr)
+        if self.graph is not None:
+            self.graph.replay()
+            out = self.out
+        elif not self.capture or self.failed:
+            out = self._eager()
+        elif self.steps < WARMUP_STEPS:
+            out = self._on_capture_stream(self._eager)
+        else:
+            out = self._capture()
+        self.steps += 1
+        return StepResult(*out, meanwhile() if meanwhile is not None else None)
+
+    def _on_capture_stream(self, fn: Callable[[], tuple]) -> tuple:
+        """fn() on the stream the capture uses, ordered after the work queued before it and
+        before the work queued after it (the caller's sums, the next batch)."""
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(self.device)
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            out = fn()
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        return out
+
+    def _capture(self) -> tuple:
+        graph = torch.cuda.CUDAGraph()
+        try:
+            def capture():
+                with torch.cuda.graph(graph, stream=self.stream):
+                    return self._eager()
+            out = self._on_capture_stream(capture)
+            graph.replay()                           # the captured step: capturing ran nothing
+            torch.cuda.synchronize(self.device)      # a failed replay surfaces here, not steps later
+        except Exception as e:                       # noqa: BLE001 (any capture failure: go on eager)
+            first = str(e).splitlines()[0][:200] if str(e) else ""
+            print(f"warning: capturing the step as a CUDA graph failed ({type(e).__name__}: {first}); "
+                  "training eager (cuda_graph: off in the recipe skips the attempt)")
+            global _FAILED_CAPTURE
+            self.failed = _FAILED_CAPTURE = True
+            return self._eager()
+        self.graph, self.out = graph, out
+        return out
+
+
+# ---- each model's batches: its order and augmentation, drawn on the device -------------------
+
+
+class BatchAugmentation:
+    """The trainer's per-batch image transforms, on the device: uint8 images in, float out.
+
+    augment(x, gens): the training batches of len(gens) models side by side (model i's B images
+    are rows i*B..), randomly augmented (the config's RandAugment policy and horizontal flips,
+    each model's drawn from its own generator, in the order one model alone draws them; the
+    transforms then run once over every model's images), then normalized by the dataset's
+    mean and std.
+    normalize(x): a test batch, normalized only.
+    """
+
+    def __init__(self, data: ImageData, cfg: TrainConfig, device: torch.device):
+        spec = data.spec
+        self.mean = torch.tensor(spec.mean, device=device).view(1, -1, 1, 1) * 255
+        self.std = torch.tensor(spec.std, device=device).view(1, -1, 1, 1) * 255
+        self.policy = RandAugmentPolicy.parse(cfg.randaugment) if cfg.randaugment else None
+        self.hflip = cfg.hflip
+
+    def normalize(self, x_uint8: torch.Tensor) -> torch.Tensor:
+        return (x_uint8.float() - self.mean) / self.std
+
+    def augment(self, x_uint8: torch.Tensor, gens: list[torch.Generator]) -> torch.Tensor:
+        x = x_uint8.float()
+        b, device = len(x) // len(gens), x.device
+        draws = [(draw_rand_augment(b, self.policy, g, device) if self.policy is not None else None,
+                  draw_hflip(b, g, device) if self.hflip else None) for g in gens]
+        if self.policy is not None:
+            layers = [{k: torch.cat([d[0][i][k] for d in draws]) for k in ("op", "mag", "sign")}
+                      for i in range(self.policy.num_layers)]
+            x = apply_rand_augment(x, layers, fill=self.mean)
+        if self.hflip:
+            x = apply_hflip(x, torch.cat([d[1] for d in draws]))
+        return (x - self.mean) / self.std
+
+
+def epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Generator:
+    """The generator of one model's epoch: its data order, then its augmentation draws."""
+    return torch.Generator(device=device).manual_seed(seed * 1_000_003 + epoch)
+
+
+class EpochBatches:
+    """Each model's batches of one epoch, drawn from its own generator in `gens`, in order, as
+    it would draw them alone. batch(i): step i's (x (N, B, ...), y (N, B)), this process's
+    rows of the global batch under torchrun; None past the last step. The ragged tail is
+    dropped (static shapes); `steps` stops the epoch early (tests)."""
+
+    def __init__(self, train_x: torch.Tensor, train_y: torch.Tensor, augmentation: BatchAugmentation,
+                 gens: list[torch.Generator], batch_size: int, ctx: DistributedContext, steps: int | None = None):
+        self.train_x, self.train_y, self.augmentation, self.gens = train_x, train_y, augmentation, gens
+        self.batch_size, self.ctx = batch_size, ctx
+        self.steps_per_epoch = steps_per_epoch(len(train_y), batch_size)
+        self.steps = self.steps_per_epoch if steps is None else min(steps, self.steps_per_epoch)
+        # side by side, so that a step gathers every model's batch with one index (a gather per
+        # model costs kernels per model)
+        self.orders = torch.stack([torch.randperm(len(train_y), device=train_y.device, generator=g)
+                                   for g in gens])                                        # (N, n)
+        local = batch_size // ctx.world_size
+        self.local_rows = slice(ctx.rank * local, (ctx.rank + 1) * local)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def batch(self, i: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if i == self.steps:
+            return None
+        b = self.batch_size
+        rows = self.orders[:, i * b:(i + 1) * b]                                         # (N, B)
+        x = self.augmentation.augment(self.train_x[rows.flatten()], self.gens)          # (N*B, C, H, W)
+        x, y = x.view(len(self.gens), b, *x.shape[1:]), self.train_y[rows]              # (N, B, ...), (N, B)
+        if self.ctx.enabled:                          # this process's rows of the global batch
+            x, y = x[:, self.local_rows], y[:, self.local_rows]
+        return x, y
+
+
+# ---- test loss and accuracy of every model, summed on the device -----------------------------
+
+
+@torch.no_grad()
+def evaluate_stack(stack: StackedModels, images: torch.Tensor, labels: torch.Tensor, *,
+                   augmentation: BatchAugmentation, device: torch.device, dtype: str,
+                   batch_size: int = 1024) -> list[dict]:
+    """Each stacked model's {"test_loss", "test_acc"}."""
+    loss_sum, correct = evaluation_sums(stack, images, labels, augmentation=augmentation, device=device,
+                                        dtype=dtype, batch_size=batch_size)
+    n = len(labels)
+    return [{"test_loss": loss / n, "test_acc": c / n}          # the one host read, after the loop
+            for loss, c in zip(loss_sum.tolist(), correct.tolist())]
+
+
+@torch.no_grad()
+def evaluation_sums(stack: StackedModels, images: torch.Tensor, labels: torch.Tensor, *,
+                    augmentation: BatchAugmentation, device: torch.device, dtype: str,
+                    batch_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each model's summed test loss (N,) and correct count (N,), on the device."""
+    stack.eval()
+    loss_sum = torch.zeros(stack.n, device=device)
+    correct = torch.zeros(stack.n, device=device, dtype=torch.long)
+    for i in range(0, len(labels), batch_size):
+        x, y = augmentation.normalize(images[i:i + batch_size]), labels[i:i + batch_size]
+        with autocast(device, dtype):
+            logits = stack(x, shared_input=True)                   # (N, B, classes)
+        y = y.expand(stack.n, -1)
+        loss_sum += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(),
+                                    reduction="none").view(y.shape).sum(1)
+        correct += (logits.argmax(-1) == y).sum(1)
+    stack.train()
+    return loss_sum, correct
+
+
+class NonFiniteLossError(StructinitError, FloatingPointError):
+    """A model's training loss became NaN or inf: the cell has failed (its last finished
+    epoch's checkpoint is kept; nothing after it is written)."""
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -324,7 +324,7 @@ def memory_report(models: list[torch.nn.Module], sample: torch.Tensor, batch: in
     """The cell's memory estimate as one line for the log; on a GPU, whether it fits and which
     STRUCTINIT_MICRO_BATCH would (where micro-batches are the same step). estimate: one the
     caller made already with these arguments."""
-    from structinit.training.step import why_not_splittable
+    from structinit.training.stacked import why_not_splittable
 
     estimate = estimate or estimate_training_memory(
         models, sample, batch=batch, micro_batch=micro_batch, dtype=dtype, data_bytes=data_bytes,
