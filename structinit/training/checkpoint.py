@@ -1,15 +1,13 @@
-"""Checkpoints: what a run's checkpoint must match, resuming from one, and the stacked
-trainer's file (every model's weights, history and AdamW state in one file).
+"""Checkpoints: fingerprints, the resume rule both trainers share, and the stacked trainer's one-file format.
 
-    checkpoint_fingerprint(cfg, dtype, extra)       what a checkpoint must match to be resumed
-    code_fingerprint()                              the loaded structinit/stages sources, hashed
+    checkpoint_fingerprint(cfg, dtype, extra)               what a checkpoint must match to be resumed
+    code_fingerprint()                                      the loaded structinit/stages sources, hashed
     restore_checkpoint(path, key, fingerprint, load, ...)   both trainers' resume rule
-    restore_stack(models, fingerprints, path, ...)  the stacked trainer's: each model's (history, AdamW state)
+    restore_stack(models, fingerprints, path, ...)          the stacked trainer's: each model's (history, AdamW state)
     save_stack(path, fingerprints, epoch, histories, stack, opt)
 
-The optimizer state is written in each model's own layout, as its weights are: a checkpoint
-does not depend on whether its models trained stacked (a stack holds the batched Linear
-weights, and so their AdamW moments, transposed), and a plain run resumes a stacked one's.
+AdamW state is saved in each model's own layout, like its weights (a stack holds the batched Linear weights, and so
+their moments, transposed): a checkpoint does not depend on stacking, and a plain run resumes a stacked one's.
 """
 from __future__ import annotations
 
@@ -28,31 +26,26 @@ if TYPE_CHECKING:              # the streamed trainer imports this module, never
 
 T = TypeVar("T")
 
-# One format number and one fingerprint key for both trainers' checkpoints: bump the number
-# when what either trainer writes changes, and a checkpoint of another format is ignored (its
-# run starts afresh) rather than misread. The layouts differ (the stacked trainer: every model
-# in one file under "fingerprints"; streamed.py: one model under "fingerprint"), and each
-# trainer reads only its own files. Checkpoints live in .ckpt/, outside DVC's outputs. What
-# each format changed: CHANGELOG.md.
+# One format number for both trainers: bump it when what either writes changes, so an older file is ignored (its run
+# starts afresh), not misread. Layouts differ (stacked: every model under "fingerprints"; streamed.py: one model under
+# "fingerprint") and each trainer reads only its own. Files live in .ckpt/, outside DVC's outputs; CHANGELOG.md says
+# what each format changed.
 CHECKPOINT_FORMAT = 4
 CHECKPOINT_FORMAT_KEY = "checkpoint_format"
 
 
 def checkpoint_fingerprint(cfg: TrainConfig, dtype: str, extra: dict | None) -> dict:
-    """What a run's checkpoint must match to be resumed: its recipe (as given, amp unresolved),
-    the dtype it computes in, the checkpoint format and whatever the caller adds (e.g. the
-    init); JSON-normalized, so that it compares equal to the copy read back from the file."""
+    """The recipe as given (amp unresolved), compute dtype, format and the caller's extras (e.g. the init),
+    JSON-normalized so that it equals the copy read back from the file."""
     return json.loads(json.dumps({"config": dataclasses.asdict(cfg), "compute_dtype": dtype,
                                   CHECKPOINT_FORMAT_KEY: CHECKPOINT_FORMAT, **(extra or {})}, default=str))
 
 
 def code_fingerprint(packages: tuple[str, ...] = ("structinit", "stages")) -> str:
-    """The code a run trains with: SHA-256 (first 16 hex digits) of the source of every module
-    of `packages` loaded in this process, by module name. Called once the cell's models are
-    built, that is the stage script's import closure (what dvc.yaml lists as its code deps)
-    plus the initializer's own file, which the registry imports by name. In the checkpoint
-    fingerprint, it makes a cell whose code changed start afresh instead of resuming epochs
-    that other code trained (while dvc.lock would record the new code's hash)."""
+    """SHA-256 (16 hex digits) of the sources of the loaded modules of `packages`, by name. Called once a cell's models
+    are built, that is the stage's import closure (dvc.yaml's code deps) plus the initializer's file, imported by name.
+    In the fingerprint it makes a cell whose code changed start afresh, not resume epochs that other code trained while
+    dvc.lock records the new code's hash."""
     import hashlib
     import sys
 
@@ -73,8 +66,7 @@ def code_fingerprint(packages: tuple[str, ...] = ("structinit", "stages")) -> st
 
 
 def _first_difference(written, wanted) -> str:
-    """Which top-level fields of two fingerprints (dicts, or lists of dicts: one per stacked
-    model) differ, for the log: e.g. "code", "config"."""
+    """For the log: the top-level fields (e.g. "code, config") in which two fingerprints, or per-model lists, differ."""
     if isinstance(written, list) and isinstance(wanted, list) and len(written) == len(wanted):
         return next((d for d in map(_first_difference, written, wanted) if d), "")
     if isinstance(written, dict) and isinstance(wanted, dict):
@@ -90,17 +82,13 @@ def _code_of(fingerprint) -> str | None:
 def restore_checkpoint(path: str | Path | None, fingerprint_key: str, fingerprint, load: Callable[[dict], T], *,
                        modules: list[torch.nn.Module], device: torch.device, announce: bool,
                        epochs_done: Callable[[T], int], epochs: int) -> T | None:
-    """Resume from `path` if it is a sound checkpoint written for exactly this run: load(state)
-    puts its state into the run and returns what the caller keeps (None: start afresh).
-
-    - no file: None, silently;
-    - state[fingerprint_key] != fingerprint (another recipe, init or checkpoint format): the
-      file is ignored (and later overwritten), None;
-    - damaged (checksum, truncation, a pickled object) or not loadable into this run (load
-      raises KeyError, RuntimeError, TypeError, ValueError or AttributeError): `modules` get
-      their weights back as they were before load, the file is moved aside to *.corrupt and
-      never resumed from, None.
-    announce: say which of these happened (rank 0; the others read what it left, silently)."""
+    """Resume from `path` if it is a sound checkpoint of exactly this run: load(state) puts the state into the run and
+    returns what the caller keeps. None (start afresh) when:
+    - there is no file (silently);
+    - state[fingerprint_key] != fingerprint (another recipe, init or format): the file is ignored, later overwritten;
+    - it is damaged (checksum, truncation, a pickled object) or load raises KeyError, RuntimeError, TypeError,
+      ValueError or AttributeError: `modules` get their weights back and the file moves to *.corrupt for good.
+    announce: say which (rank 0; the others read what it left, silently)."""
     say = print if announce else (lambda *_: None)
     if path is None or not Path(path).exists():
         return None
@@ -131,12 +119,10 @@ def restore_checkpoint(path: str | Path | None, fingerprint_key: str, fingerprin
 
 
 # ---- the stacked trainer's file ------------------------------------------------------------
-
 def save_stack(path: Path, fingerprints: list[dict], epoch: int, histories: list[list[dict]],
                stack: StackedModels, opt: torch.optim.Optimizer) -> None:
-    """Every model's state after `epoch` (0-based) in one file, written atomically: one file,
-    not one per model, since a kill between two models' writes would leave them at different
-    epochs, and no catch-up of one model alone is bitwise the stacked step."""
+    """Every model's state after `epoch` (0-based), atomically in one file: a kill between per-model files would leave
+    models at different epochs, and no model catching up alone is bitwise the stacked step."""
     save_checked(path, {
         "fingerprints": fingerprints, "epoch": epoch,
         "models": [{"history": history, "model": stack.state_dict_of(i),
@@ -146,9 +132,8 @@ def save_stack(path: Path, fingerprints: list[dict], epoch: int, histories: list
 
 def restore_stack(models: list[torch.nn.Module], fingerprints: list[dict], path: Path | None,
                   device: torch.device, epochs: int, announce: bool) -> list[tuple[list, dict]] | None:
-    """Each model's (history, optimizer state), its weights loaded, from `path` if it is sound
-    and was written for exactly these fingerprints (restore_checkpoint); None: every model
-    starts afresh. announce: say which (rank 0)."""
+    """Each model's (history, optimizer state), weights loaded, if `path` is sound and for exactly these fingerprints
+    (restore_checkpoint); None: every model starts afresh. announce: say which (rank 0)."""
     def load(state: dict) -> list[tuple[list, dict]]:
         restored = []
         for model, saved in zip(models, state["models"], strict=True):
@@ -162,11 +147,8 @@ def restore_stack(models: list[torch.nn.Module], fingerprints: list[dict], path:
                               announce=announce, epochs_done=lambda restored: len(restored[0][0]), epochs=epochs)
 
 
-
-
 def optimizer_state_of(opt: torch.optim.Optimizer, stack: StackedModels, i: int) -> dict | None:
-    """Model i's AdamW state ({"step", "exp_avg": {name: ...}, "exp_avg_sq": {...}}) in the
-    model's own layout; None before the first step."""
+    """Model i's AdamW state ({"step", "exp_avg": {name: ...}, "exp_avg_sq": ...}) in its layout; None before step 1."""
     named = stack.trainable()
     first = opt.state.get(next(iter(named.values())))
     if not first:

@@ -1,15 +1,11 @@
-"""The training recipe, torch-free: the params schema checks a file against it before any stage
-imports torch.
+"""The training recipe, torch-free so that the params schema can check a file before any stage imports torch.
 
-    TrainConfig                                 params.yaml's recipes.<dataset>.train; its RandAugment
-                                                policy string is parsed by config.RandAugmentPolicy
+    TrainConfig                                 params.yaml's recipes.<dataset>.train (randaugment: RandAugmentPolicy)
     steps_per_epoch(n, batch_size)              optimizer steps per epoch, as both trainers count (drop-last)
-    match_steps(train, n_reference, n_subset)   the recipe for n_subset images with as many optimizer
-                                                steps as on n_reference
+    match_steps(train, n_reference, n_subset)   the recipe for n_subset images at n_reference's optimizer steps
 
-Why match_steps: the same epochs on 10 % of the images are 10 % of the optimizer steps, and a
-model that is simply trained less looks worse whatever its initialization. The data-size study
-compares initializers at equal training length instead.
+Why match_steps: the same epochs on 10 % of the images are 10 % of the steps, and a model simply trained less looks
+worse whatever its init, so the data-size study compares initializers at equal training length.
 """
 from __future__ import annotations
 
@@ -17,13 +13,8 @@ from dataclasses import dataclass
 
 from structinit.config import RandAugmentPolicy
 
-
 AMP_MODES = ("auto", "bf16", "off")
-
-
 COMPILE_MODES = ("auto", "on", "off")
-
-
 CUDA_GRAPH_MODES = ("auto", "off")
 
 
@@ -31,12 +22,11 @@ CUDA_GRAPH_MODES = ("auto", "off")
 class TrainConfig:
     """Defaults are the paper's small-dataset recipe (method page, section 5)."""
     epochs: int = 200
-    batch_size: int = 512
+    batch_size: int = 512       # global, split among processes
     lr: float = 1e-3
     min_lr: float = 1e-6
     warmup_epochs: float = 10
-    warmup_prefix: bool = False  # False: timm's cosine over all steps, warm-up replacing its start
-                                 # (the paper's runs); True: the cosine starts after warm-up
+    warmup_prefix: bool = False  # False: warm-up replaces the cosine's start (the paper's); True: cosine follows it
     weight_decay: float = 0.01
     adam_eps: float = 1e-3
     grad_clip: float | None = 3.0   # None: no clipping (the official ImageNet command)
@@ -44,15 +34,12 @@ class TrainConfig:
     randaugment: str | None = "rand-m9-mstd0.5-inc1"
     hflip: bool = True
     amp: str = "auto"            # auto: bf16 autocast on CUDA and on CPUs with native bf16, else fp32
-    cpu_chunks: str | int = "auto"  # CPU: run each batch as n single-threaded chunks (step.py)
-    compile: str = "auto"        # torch.compile the step's forward and loss: auto = on CUDA, off on CPU
-                                 # (where committed bytes are eager's); "on" / "off" anywhere
-    # off until a GPU has shown the captured step equal to the uncaptured one (the GPU window's
-    # check, benchmarks/gpu_session.py); auto: on CUDA, a stack's whole step as one CUDA graph
+    cpu_chunks: str | int = "auto"  # CPU: run each batch as n single-threaded chunks (stacked.py)
+    compile: str = "auto"        # torch.compile forward+loss; auto: on CUDA, off on CPU (committed bytes are eager's)
+    # auto: a stack's whole step as one CUDA graph; off until a GPU shows it equal to eager (benchmarks/gpu_session.py)
     cuda_graph: str = "off"
     eval_every: int = 1          # test-set evaluation every n epochs (and always after the last)
-    # The streamed trainer's (ImageNet) extras, timm's train.py options of the same meaning;
-    # the on-device trainer refuses them rather than ignore them.
+    # streamed (ImageNet) trainer only, as in timm's train.py; the on-device trainer refuses rather than ignores them
     mixup: float = 0.0           # mixup alpha (0 = off)
     cutmix: float = 0.0          # cutmix alpha (0 = off)
     random_erasing: float = 0.0  # per-image probability, pixel mode (timm --reprob, --remode pixel)
@@ -98,24 +85,20 @@ class TrainConfig:
                                   ("lr_batch_size", self.lr_batch_size)) if v}
 
     def scaled_lr(self, global_batch: int) -> float:
-        """lr for this global batch: timm's rule for Adam-family optimizers, lr * sqrt(ratio)
-        (train.py's --lr-base/--lr-base-size, the official ImageNet command's lr 4e-3 at 4096)."""
+        """timm's rule for Adam-family optimizers (train.py --lr-base/--lr-base-size; ImageNet's 4e-3 at 4096)."""
         return self.lr if self.lr_batch_size is None else self.lr * (global_batch / self.lr_batch_size) ** 0.5
 
 
 def subset_size(n: int, size: float | int | None) -> int:
-    """How many of `n` images stratified_subset(labels, size, seed) keeps (data/tensors.py's rule):
-    None or 1.0 = all, a float = round(size * n), an int = that many."""
+    """How many of `n` images stratified_subset keeps (data/tensors.py): None or 1.0: n; a float: round(size * n)."""
     if size is None or size == 1.0:
         return n
     return round(size * n) if isinstance(size, float) else size
 
 
 def steps_per_epoch(n: int, batch_size: int) -> int:
-    """Optimizer steps in one epoch over n images, as both trainers count them: the batch is
-    min(batch_size, n) and the ragged last batch is dropped (static shapes). The on-device
-    trainer (trainer.py) shrinks a batch larger than n to n; the streamed one (streamed.py)
-    refuses such a batch, so there it is n // batch_size."""
+    """As both trainers count: batch min(batch_size, n), the ragged last batch dropped (static shapes). The on-device
+    trainer shrinks a batch above n to n; the streamed one refuses it, so there it is n // batch_size."""
     if n < 1 or batch_size < 1:
         raise ValueError(f"n={n}, batch_size={batch_size}: both must be >= 1")
     return n // min(batch_size, n)
@@ -127,10 +110,8 @@ def total_steps(train: dict, n: int) -> int:
 
 
 def match_steps(train: dict, n_reference: int, n_subset: int) -> dict:
-    """`train` (settings for n_reference images) for n_subset images at about the same number
-    of optimizer steps: epochs, warm-up steps and the evaluation interval in steps are held.
-    The batch size is kept (a smaller batch would be another recipe, not less data), so
-    n_subset must hold one batch: ValueError otherwise."""
+    """`train` (for n_reference images) for n_subset images, holding epochs, warm-up and evaluation interval in steps.
+    The batch size is kept: a smaller one would be another recipe, not less data."""
     batch = train["batch_size"]
     if n_subset < batch:
         raise ValueError(f"n_subset={n_subset}: fewer images than one batch ({batch}); allowed: "

@@ -4,38 +4,15 @@
     logits = stack(x)                            # x (N, B, ...) -> (N, B, classes)
     stack.state_dict_of(1)                       # model_b's trained weights, model_b's keys
 
-Why: the embedded default's ViT (width 48, 64 tokens, batch 64) is so small that a training
-step is mostly per-op overhead (Python, dispatch, thread fork/join); five such models
-stacked cost little more per step than one.
-
-How, three ways behind one interface:
-- plain, for one model: timm's own module trains as it is (its own parameters, foreach
-  clipping as timm's train.py clips): a model that fills a GPU gains nothing from a stack of
-  one, and every stacked layer costs kernels a plain one does not.
-- batched (batched.py), where the architecture allows (the project's ViTs): timm's module
-  runs unchanged on all N*B samples, its Linear/LayerNorm/Conv2d layers swapped for ones
-  whose weights carry the model axis (batched matmuls over models), attention one fused
-  `scaled_dot_product_attention` call over models x batch x heads; plain autograd.
-- vmap, for the rest (BatchNorm: ConvMixer): `torch.func.stack_module_state` gives each
-  parameter and buffer a leading model dimension, and `vmap(functional_call)` runs the
-  unchanged timm module over it; gradients by `vmap(grad(one model's loss))` (functorch's
-  model-ensembling recipe). Functional gradients, not `.backward()` on leaves that require
-  grad: under vmap, autocast silently stays in fp32 for tensors that require grad.
-  BatchNorm's running statistics are stacked buffers, updated in place per model.
-Either way gradients are per model by construction, and per-model gradient clipping
-(`clip_grad_norm_per_model`) and an elementwise optimizer (AdamW) keep every model's update
-what it would be alone.
-
-Here too, because every way of running the stack needs them: the batched layers (`batched_module`),
-the precision a run computes in (`compute_dtype`, decided once per run, and its `autocast`), and
-the pieces a step's forward and backward run in: `Objective` (eager or compiled by torch.compile,
-with the guard that falls back to eager where compiling fails), `WholeBatchGradients` (the batch
-in one pass or in micro-batches) and, on a CPU, `ChunkedGradients` (the batch as single-threaded
-chunks on threads, gradients summed in a fixed order: an intra-op thread pool's fork/join inside
-each of a small ViT's short ops costs more than the op). The pieces' losses are weighted by their
-share of the batch, so their summed gradients are the full batch's; that holds only for models
-whose forward treats samples independently (why_not_splittable: not BatchNorm, not active
-dropout or drop-path).
+The default ViT (width 48, 64 tokens, batch 64) is so small that a step is mostly per-op overhead, so five
+stacked models cost little more than one. Three ways run a stack: plain (one model: timm's module as is, as a
+stack of one only adds kernels); batched (ViTs: Linear/LayerNorm/Conv2d swapped for layers with a model axis,
+attention one fused SDPA call; plain autograd); vmap (the rest, e.g. ConvMixer's BatchNorm: stack_module_state
+and vmap(grad(functional_call)); functional, as under vmap autocast silently stays fp32 for tensors that require
+grad; running stats are stacked buffers). Gradients are per model by construction, so per-model clipping and
+AdamW keep each model's update what it would be alone. A step's batch may be split (micro-batches; on CPU,
+single-threaded chunks on threads, as intra-op fork/join costs more than a small ViT's ops), pieces weighted by
+batch share: exact only if the forward treats samples independently (why_not_splittable).
 """
 from __future__ import annotations
 
@@ -61,8 +38,7 @@ _SWAPS = {}                                        # module type -> its batched 
 
 
 def _swaps(*kinds):
-    """Register a batched layer for these exact module types (a subclass may compute
-    something else: it is only swapped when listed)."""
+    """Register a batched layer for these exact types (a subclass may compute something else)."""
     def register(cls):
         _SWAPS.update(dict.fromkeys(kinds, cls))
         return cls
@@ -70,8 +46,7 @@ def _swaps(*kinds):
 
 
 def _stacked(models: list[nn.Module], attr: str) -> nn.Parameter | None:
-    """The models' `attr` tensors stacked on a new leading axis, as one parameter (frozen if
-    theirs is)."""
+    """The models' `attr` tensors stacked on a new leading axis, one parameter (frozen if theirs is)."""
     tensors = [getattr(m, attr) for m in models]
     if tensors[0] is None:
         return None
@@ -80,13 +55,8 @@ def _stacked(models: list[nn.Module], attr: str) -> nn.Parameter | None:
 
 @_swaps(nn.Linear)
 class BatchedLinear(nn.Module):
-    """N Linear layers: x (N*B, ..., in) -> (N*B, ..., out), model i on its rows.
-
-    The weight is kept as the GEMM reads it, (N, in, out): model i's Linear weight is
-    weight[i].T (StackedModels.state_dict_of transposes it back). Kept as (N, out, in), the
-    product would read a transposed view, and autograd would return the weight's gradient as
-    a transposed view too, which the fused AdamW kernel cannot pair with the weight
-    element by element: one extra copy per Linear per step."""
+    """N Linear layers: x (N*B, ..., in) -> (N*B, ..., out), model i on its rows. The weight is held as the
+    GEMM reads it, (N, in, out): as (N, out, in) its gradient would be a transposed view that fused AdamW copies."""
 
     transposed = ("weight",)        # parameters held transposed relative to the models' own
 
@@ -100,8 +70,7 @@ class BatchedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x = x.reshape(self.n, -1, x.shape[-1])                      # (N, B*..., in)
-        # baddbmm writes the broadcast bias into the output before the GEMM (one copy kernel);
-        # bmm + add is the same two kernels, and under torch.compile the add fuses
+        # baddbmm is a bias copy + GEMM, the same two kernels as bmm + add (whose add fuses when compiled)
         y = torch.bmm(x, self.weight) if self.bias is None else torch.baddbmm(self.bias.unsqueeze(1), x, self.weight)
         return y.reshape(*lead, y.shape[-1])
 
@@ -147,7 +116,7 @@ class BatchedConv2d(nn.Module):
         return y.reshape(b, self.n, -1, h2, w2).transpose(0, 1).reshape(nb, -1, h2, w2)
 
 
-# Modules whose output for one sample depends on the others in the batch, parameters or not.
+# Modules whose output for one sample depends on the rest of the batch, parameters or not.
 _BATCH_COUPLING = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
 
 
@@ -183,8 +152,7 @@ def why_not_batched(models: list[nn.Module]) -> str | None:
 
 
 def batched_module(models: list[nn.Module]) -> nn.Module | None:
-    """One module that runs every model on its slice of an (N*B, ...) batch, or None when
-    the architecture has a part with no batched form (see the module docstring)."""
+    """One module running each model on its slice of an (N*B, ...) batch; None if a part has no batched form."""
     if why_not_batched(models):
         return None
     batched = copy.deepcopy(models[0])
@@ -207,9 +175,7 @@ class StackedModels:
     """N models of one architecture as stacked tensors (leading dim N) and one meta module."""
 
     def __init__(self, models: list[torch.nn.Module], batched: bool = True, plain: bool = True):
-        """batched=False: the vmap way even where the batched one exists (tests, benchmarks).
-        plain=False: one model stacked all the same (tests: a seed's numbers do not depend on
-        the way it trains, beyond float noise)."""
+        """batched=False: vmap even where batching works; plain=False: stack one model anyway (tests compare ways)."""
         if not models:
             raise ValueError("StackedModels needs at least one model")
         first = _signature(models[0])
@@ -229,15 +195,13 @@ class StackedModels:
             return
         self.batched = batched_module(models) if batched else None
         if self.batched is not None:
-            # The module's own parameters, in the models' names; shared frozen tensors (the
-            # position encoding) are kept once, broadcast as view (N, ...) for state_dict_of.
+            # shared frozen tensors (the position encoding) are kept once, seen as (N, ...) views
             self.base = self.batched
             self.trainable_names = [k for k, v in self.batched.named_parameters() if v.requires_grad]
             self._collect_batched()
             return
         params, self.buffers = stack_module_state(models)
-        # Plain tensors: gradients come from torch.func.grad, and the optimizer sees .grad set
-        # by hand. Frozen parameters (the fixed position encoding, frozen filters) get none.
+        # Plain tensors: torch.func.grad gives the gradients, .grad is set by hand; frozen ones get none.
         self.trainable_names = [k for k, v in params.items() if v.requires_grad]
         self.params = {k: v.detach() for k, v in params.items()}
         self.base = _meta_copy(models[0])                   # the architecture, without weights
@@ -259,8 +223,7 @@ class StackedModels:
         self.buffers = dict(self.plain.named_buffers())
 
     def _collect_batched(self) -> None:
-        """params/buffers: name -> (N, ...) tensor of the batched module (a shared one as an
-        expanded view)."""
+        """params/buffers: name -> (N, ...) tensor of the batched module (a shared one as an expanded view)."""
         batched_names = {n for n, m in self.batched.named_modules() if is_batched_layer(m)}
         self._transposed = {f"{n}.{attr}" for n, m in self.batched.named_modules()
                             for attr in getattr(m, "transposed", ())}
@@ -272,16 +235,9 @@ class StackedModels:
         self.buffers = {k: per_model(k, v) for k, v in self.batched.named_buffers()}
 
     def choose_attention(self, device: torch.device, dtype: str = "fp32") -> str:
-        """Set the attention kernel the stack runs on `device` in `dtype` ("bf16" | "fp32");
-        returns which, for the log. Both compute the same attention to float noise.
-
-        vmap, on CPU: timm's explicit q @ k.T -> softmax -> @ v, which vmaps into batched
-        matmuls; the fused kernel (_scaled_dot_product_flash_attention_for_cpu) has no batching
-        rule there and would fall back to a per-model loop. CUDA's fused kernels have batching
-        rules. Batched: fused, except on CPU in bf16, where the fused kernel's backward dominates
-        the step at small head dims and token counts (the digits ViT's: head dim 16, 64
-        tokens), making the step slower than with explicit attention; in fp32 the fused kernel
-        is the faster one."""
+        """Set fused or explicit attention (equal to float noise) for `device`, `dtype`; returns which. Explicit
+        on CPU under vmap (the fused kernel has no batching rule: a per-model loop) and on CPU in bf16, where the
+        fused backward dominates at the digits ViT's head dim 16 and 64 tokens."""
         fused = device.type != "cpu" or (self.way != "by vmap" and dtype != "bf16")
         for m in self.base.modules():
             if hasattr(m, "fused_attn"):
@@ -291,9 +247,8 @@ class StackedModels:
         return "fused attention" if fused else "explicit attention"
 
     def replica(self) -> "StackedModels":
-        """The same tensors behind another module: functional_call swaps tensors into its
-        module while it runs, so each thread that runs the stack needs its own. (The batched
-        module holds its tensors and changes no state in a forward: threads share it.)"""
+        """The same tensors behind another module, for another thread: functional_call swaps tensors
+        into its module. Batched and plain modules change no state in a forward: threads share them."""
         if self.batched is not None or self.plain is not None:
             return self
         other = copy.copy(self)
@@ -327,8 +282,7 @@ class StackedModels:
         return {k: self.params[k] for k in self.trainable_names}
 
     def __call__(self, x: torch.Tensor, shared_input: bool = False) -> torch.Tensor:
-        """x: (N, B, ...) one batch per model, or (B, ...) seen by all with shared_input=True.
-        Returns (N, B, ...) outputs. No gradients: see `loss_and_grads`."""
+        """x (N, B, ...), or (B, ...) for all with shared_input -> (N, B, ...); no grad (see loss_and_grads)."""
         if self.plain is not None:
             with torch.no_grad():
                 return self.plain(x if shared_input else x[0]).unsqueeze(0)
@@ -344,8 +298,7 @@ class StackedModels:
     def forward_and_loss(self, x: torch.Tensor, y: torch.Tensor,
                          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                          context: Callable = contextlib.nullcontext) -> tuple[torch.Tensor, torch.Tensor]:
-        """(each model's loss (N,), logits (N, B, ...)) of the plain or batched module on x
-        (N, B, ...), with autograd recording: what torch.compile compiles (step.Objective)."""
+        """(losses (N,), logits (N, B, ...)) of the plain or batched module, with autograd: what Objective compiles."""
         module = self.plain if self.plain is not None else self.batched
         with context():
             out = module(x.flatten(0, 1))
@@ -355,12 +308,9 @@ class StackedModels:
     def loss_and_grads(self, x: torch.Tensor, y: torch.Tensor,
                        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                        context: Callable = contextlib.nullcontext, forward: Callable | None = None):
-        """x (N, B, ...), y (N, B) -> (each model's gradient of its loss: {name: (N, *shape)}
-        for the trainable parameters (plain: the parameter's own shape), losses (N,), logits
-        (N, B, ...)). loss_fn(logits (..., B, classes), labels (..., B)) -> (...,): each
-        model's mean loss, called once for every model (mean_cross_entropy), or, by vmap, once
-        per model. context() is entered around each forward (e.g. autocast). forward:
-        forward_and_loss or its compiled form (the plain and batched ways)."""
+        """x (N, B, ...), y (N, B) -> ({name: gradient (N, *shape), plain: own shape}, losses (N,), logits).
+        loss_fn(logits (..., B, classes), labels (..., B)) -> (...,) mean losses, one call for all models (per
+        model under vmap). context() wraps each forward (autocast); forward: forward_and_loss or its compiled form."""
         if self.plain is not None or self.batched is not None:
             trainable = self.trainable()
             with torch.enable_grad():
@@ -381,8 +331,7 @@ class StackedModels:
         return grads, losses, logits
 
     def state_dict_of(self, i: int) -> dict[str, torch.Tensor]:
-        """Model i's state_dict (same keys as the module's), as copies: torch.save of a view
-        would write the whole stacked storage."""
+        """Model i's state_dict, as copies: torch.save of a view would write the whole stacked storage."""
         tensors = {**self.params, **self.buffers}
         if self.plain is not None:
             assert i == 0, i
@@ -391,14 +340,11 @@ class StackedModels:
                 for k in self.state_keys}
 
     def in_model_layout(self, name: str, t: torch.Tensor) -> torch.Tensor:
-        """A tensor of parameter `name` in the stack's layout (a model's slice of it, its
-        gradient, or its optimizer moment) as the model's own parameter is laid out: the batched
-        Linear weights are held transposed (batched.BatchedLinear)."""
+        """Parameter `name`'s tensor (a slice, gradient or moment) in the model's layout (BatchedLinear transposes)."""
         return t.transpose(-1, -2) if name in self._transposed else t
 
     def model_slice(self, t: torch.Tensor, i: int) -> torch.Tensor:
-        """Model i's part of a tensor shaped like a trainable() one (e.g. an optimizer moment),
-        in the stack's layout (what stack_slices undoes)."""
+        """Model i's part of a trainable()-shaped tensor (e.g. an optimizer moment), in the stack's layout."""
         return t if self.plain is not None else t[i]
 
     def stack_slices(self, slices: list[torch.Tensor]) -> torch.Tensor:
@@ -406,8 +352,7 @@ class StackedModels:
         return slices[0] if self.plain is not None else torch.stack(slices)
 
     def clip_grad_norms(self, max_norm: float) -> torch.Tensor:
-        """Each model's gradients clipped to total norm max_norm (as timm's train.py clips one
-        model): returns the N norms before clipping."""
+        """Clip each model's gradients to total norm max_norm, as timm's train.py; returns the N norms before."""
         params = [p for p in self.trainable().values() if p.grad is not None]
         if self.plain is not None:
             # timm's own clip: two foreach kernels for all tensors
@@ -416,9 +361,7 @@ class StackedModels:
 
 
 def _meta_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of `model` with every parameter and buffer on the meta device, made without
-    copying their data (deepcopy-then-.to("meta") copies it first, and cannot move the fake
-    tensors the memory estimate runs on)."""
+    """`model` on the meta device, no data copied (deepcopy + .to("meta") copies, and can't move fake tensors)."""
     def meta(t):
         m = torch.empty_like(t, device="meta")
         return torch.nn.Parameter(m, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else m
@@ -427,18 +370,15 @@ def _meta_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def set_grads(params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor]) -> None:
-    """p.grad = grads[name], in the parameter's own memory layout: gradients from
-    torch.func.grad may come as strided views (e.g. transposed), and the fused AdamW kernel
-    pairs a parameter's elements with its gradient's by memory order."""
+    """p.grad = grads[name] in p's layout: func.grad may give strided views; fused AdamW pairs them by memory order."""
     for name, p in params.items():
         g = grads[name]
         p.grad = g if g.stride() == p.stride() else torch.empty_like(p).copy_(g)
 
 
 def mean_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
-    """Each model's mean (label-smoothed) cross-entropy, in fp32, in one call for all models:
-    logits (..., B, classes), labels (..., B) -> (...,). The per-image losses of every model
-    come from one kernel sequence (a loss call per model cost ~25 kernels per model a step)."""
+    """Each model's mean label-smoothed cross-entropy in fp32: logits (..., B, classes), labels (..., B)
+    -> (...,). One call for all models: a call per model cost ~25 kernels per model a step."""
     per_image = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
                                 reduction="none", label_smoothing=label_smoothing)
     return per_image.view(labels.shape).mean(-1)
@@ -446,11 +386,8 @@ def mean_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothi
 
 @torch.no_grad()
 def clip_grad_norm_per_model(stacked: list[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """torch.nn.utils.clip_grad_norm_ for each model of a stack: model i's gradients (slice i
-    of every tensor) are scaled by min(1, max_norm / (||g_i|| + 1e-6)), its own total norm.
-    Returns the N norms before clipping. The norms take two kernels for the whole stack (the
-    gradients side by side as (N, total size), then one reduction), where a norm per tensor
-    took one each; the scaling is one in-place multiply per tensor."""
+    """clip_grad_norm_ per model: slice i of every gradient scaled by min(1, max_norm / (||g_i|| + 1e-6));
+    returns the N norms before. The norms take two kernels for the stack, not one per tensor."""
     grads = [p.grad for p in stacked if p.grad is not None]
     if not grads:
         return torch.zeros(0)
@@ -469,15 +406,10 @@ cpu_has_native_bf16 = functools.cache(numerics.cpu_has_native_bf16)
 
 
 def compute_dtype(cfg: TrainConfig, device: torch.device, model: torch.nn.Module | None = None) -> str:
-    """What the step computes in: "bf16" (autocast) or "fp32"; a run asks once and passes the
-    answer on (autocast, the checkpoint's fingerprint, the memory estimate). amp='auto': bf16
-    on CUDA cards with native bf16 (compute capability 8.0 and newer: the paper trains with
-    mixed precision) and on CPUs with native bf16 instructions (AVX512-BF16 or AMX, where bf16
-    is the faster), unless `model` has BatchNorm (the CPU kernel takes no bf16 input with fp32
-    statistics); fp32 on older cards (no native bf16: emulated or refused by some kernels, and
-    fp16 would need a loss scaler the stacked step does not have) and on other CPUs, where
-    bf16 is emulated and slower than fp32. 'bf16' everywhere; 'off': fp32. precision_note
-    says why, for the log."""
+    """"bf16" (autocast) or "fp32", decided once per run and passed on (autocast, checkpoint fingerprint, memory
+    estimate). amp='auto': bf16 on CUDA with compute capability 8.0+ (the paper trains in mixed precision) and on
+    CPUs with native bf16 (AVX512-BF16, AMX) unless `model` has BatchNorm (no CPU kernel for bf16 input with fp32
+    statistics); else fp32, as bf16 is emulated, slow or refused and fp16 would need a loss scaler the step lacks."""
     if cfg.amp == "auto":
         if device.type == "cuda":
             return "bf16" if cuda_has_native_bf16(device) else "fp32"
@@ -493,8 +425,7 @@ def cuda_has_native_bf16(device: torch.device) -> bool:
 
 
 def precision_note(cfg: TrainConfig, device: torch.device, dtype: str) -> str:
-    """Why amp='auto' chose fp32 on this GPU ("" when it did not, and on the CPU, whose rule
-    compute_dtype states): for the log and the run's record."""
+    """Why amp='auto' chose fp32 on this GPU, for the log and run record ("" otherwise, and on CPU)."""
     if cfg.amp != "auto" or dtype != "fp32" or device.type != "cuda":
         return ""
     major, minor = torch.cuda.get_device_capability(device)
@@ -503,54 +434,38 @@ def precision_note(cfg: TrainConfig, device: torch.device, dtype: str) -> str:
 
 
 def autocast(device: torch.device, dtype: str, cache: bool = True):
-    """The autocast context of a run that computes in `dtype` (compute_dtype's answer). cache:
-    autocast's cache of each weight's cast within a forward (off inside a captured CUDA graph)."""
+    """Autocast for a run computing in `dtype`; cache: the per-forward weight-cast cache (off in a CUDA graph)."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16", cache_enabled=cache)
 
 
-# Compiling and capturing happen over the first calls (dynamo traces on the first; a CUDA graph
-# tree warms up on the first and records on the second or third): a failure in any of them,
-# forward or backward, falls back to eager. Past them a failure is a real error and is raised.
-# Calls, not steps: a step split in pieces (micro-batches, the CPU's chunks) calls once a piece,
-# and each call of the compiled function is what compiles, warms up or records.
+# Compiling spans the first calls (dynamo traces on the 1st; a CUDA graph tree warms up on the 1st, records on the
+# 2nd/3rd): failures there, forward or backward, fall back to eager; later ones raise. Calls: one per step piece.
 GUARDED_CALLS = 3
 
 
-# torch.compile functions that failed in this process: later cells (a cell's seeds trained one
-# after another, each a call of train_models) do not try again and warn again. Keyed by the
-# function itself, so a test that swaps in a broken torch.compile leaves the real one untried.
+# torch.compile functions that failed in this process, so later cells neither retry nor warn again.
+# Keyed by the function, so a test's broken stand-in leaves the real torch.compile untried.
 _FAILED_COMPILERS: "weakref.WeakSet" = weakref.WeakSet()
 
 
 class Objective:
-    """objective(replica, x, y) -> (gradients {trainable name: (N, ...)}, each model's mean
-    label-smoothed loss (N,), logits (N, B, classes)): StackedModels.loss_and_grads with the
-    recipe's loss, in autocast of the run's dtype, on a replica of the stack (a chunk's thread
-    has its own).
-
-    Compiled by torch.compile where cfg.compile says (auto: on CUDA; off on the CPU, where the
-    committed bytes are eager's; never the vmap way, which does not trace), else eager; `how`
-    says which, for the log. A host-bound stack on CUDA is compiled in reduce-overhead mode
-    (its forward and backward replayed as CUDA graphs). A machine where compiling or capturing
-    fails, in the forward or the backward, gets a one-line warning and the eager step (the
-    failed call re-run eager, nothing lost; the compiled graphs dropped). An error that leaves
-    the CUDA context unusable (an illegal memory access) fails the eager re-run as well: that
-    one is raised. Inductor keeps what it compiled on disk (its FX graph cache), so a second
-    process of the same recipe pays far less."""
+    """objective(replica, x, y) -> (grads {name: (N, ...)}, mean label-smoothed losses (N,), logits (N, B, C)),
+    under the run's autocast, on a replica (one per chunk thread). Compiled where cfg.compile says (auto: CUDA
+    only, as the CPU's committed numbers are eager's; never vmap, which does not trace); `how` says which.
+    Host-bound CUDA stacks use reduce-overhead (CUDA graphs). A failure to compile or capture warns once and
+    re-runs the call eager, graphs dropped; one that breaks the CUDA context fails the re-run too and is raised.
+    Inductor's FX graph cache makes a second process of the same recipe much cheaper."""
 
     def __init__(self, stack: StackedModels, cfg: TrainConfig, device: torch.device, dtype: str,
                  graphed: bool = False):
-        """graphed: the step around this objective is captured whole (StepGraph): compiled in
-        default mode, whose kernels the step's graph holds (reduce-overhead's own graphs cannot
-        nest in it), and with autocast's cast cache off, as PyTorch's CUDA-graph notes ask of
-        autocast inside a capture."""
+        """graphed: the whole step is captured (StepGraph), so default mode (reduce-overhead's graphs
+        cannot nest in it) and no autocast cast cache, as PyTorch's CUDA-graph notes ask."""
         self.loss = functools.partial(mean_cross_entropy, label_smoothing=cfg.label_smoothing)
         self.context = functools.partial(autocast, device, dtype, cache=not graphed)
         self.device = device
         self.compiled, self.how, self.host_bound = None, "", False
         self._calls, self._failed, self._trusted = 0, False, False   # trusted: the guarded calls all succeeded
-        # the CPU's chunks call from threads: the guarded calls run one at a time (the first
-        # compiles while the others wait), so one failure warns once and the rest run eager
+        # CPU chunks call from threads: guarded calls run one at a time, so a failure warns once
         self._guard = threading.Lock()
         on = cfg.compile == "on" or (cfg.compile == "auto" and device.type == "cuda")
         if not on or stack.way == "by vmap":
@@ -600,8 +515,7 @@ MIN_CHUNK = 16          # below this, per-chunk Python overhead eats the gain
 
 
 def why_not_splittable(model: torch.nn.Module) -> str | None:
-    """Why a batch of this model cannot be split into pieces whose summed gradients are the
-    whole batch's (None: it can)."""
+    """Why this model's batch cannot be split into pieces whose summed gradients are the whole's (None: it can)."""
     for name, m in model.named_modules():
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
             return f"{name or 'model'} is {type(m).__name__} (batch statistics)"
@@ -617,11 +531,9 @@ def why_not_splittable(model: torch.nn.Module) -> str | None:
 def plan_gradients(setting: str | int, stack: StackedModels, device: torch.device, batch_size: int,
                    objective: Callable, *, micro_batch: int | None = None
                    ) -> tuple["WholeBatchGradients | ChunkedGradients", str]:
-    """How a step computes its gradients, and why (for the log): ChunkedGradients where
-    plan_cpu_chunks splits the batch, WholeBatchGradients otherwise. objective(replica, x, y):
-    an Objective. micro_batch (images per model per pass, smaller than the batch): the
-    whole-batch way in pieces, one after another, on any device; it replaces the CPU's chunks
-    (a memory limit comes first) and is refused where splitting a batch changes the step."""
+    """(gradients, why, for the log): ChunkedGradients where plan_cpu_chunks splits the batch, else
+    WholeBatchGradients. micro_batch (images per model per pass, < batch) runs the batch in sequential pieces
+    on any device, overrides CPU chunks (memory first), and is refused where splitting changes the step."""
     if micro_batch is not None and micro_batch < batch_size:
         if micro_batch < 1:
             raise ValueError(f"micro_batch={micro_batch}: give a positive number of images, or None")
@@ -639,9 +551,7 @@ def plan_gradients(setting: str | int, stack: StackedModels, device: torch.devic
 
 def plan_cpu_chunks(setting: str | int, model: torch.nn.Module, device: torch.device,
                     batch_size: int) -> tuple[int, str]:
-    """How many chunks a step runs as, and why. setting: "auto" (one per intra-op thread: more
-    chunks than threads only queue on them) or a positive int (1 = off), as validated by
-    TrainConfig."""
+    """(chunks, why). setting: "auto" (one per intra-op thread; more would only queue) or an int (1 = off)."""
     explicit = setting != "auto"
     wanted = setting if explicit else min(torch.get_num_threads(), batch_size // MIN_CHUNK)
     if wanted <= 1:
@@ -658,16 +568,13 @@ def plan_cpu_chunks(setting: str | int, model: torch.nn.Module, device: torch.de
 
 
 def _sums(losses: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each model's (sum of per-image losses, n correct) from its mean loss (N,), logits
-    (N, B, classes) and labels (N, B)."""
+    """Each model's (loss sum, n correct) from mean losses (N,), logits (N, B, classes), labels (N, B)."""
     return losses * y.shape[1], (logits.argmax(-1) == y).sum(1)
 
 
 class WholeBatchGradients:
-    """The batch's gradients with the process's intra-op threads: in one pass, or in pieces of
-    `micro_batch` images per model, one after another, each piece's gradients weighted by its
-    share of the batch and summed in order (the one-pass step's, to float noise).
-    submit(x, y) computes; collect(pending) sets .grad and returns (loss_sum, correct)."""
+    """The batch's gradients on the intra-op threads, in one pass or in sequential micro-batches weighted by
+    batch share (the one-pass result, to float noise). submit(x, y) computes; collect(pending) sets .grad."""
 
     def __init__(self, stack: StackedModels, objective: Callable, micro_batch: int | None = None):
         self.stack, self.objective, self.micro_batch = stack, objective, micro_batch
@@ -703,16 +610,11 @@ class WholeBatchGradients:
 
 
 class ChunkedGradients:
-    """A stacked batch's gradients as `chunks` single-threaded pieces in parallel.
-
-    Inside `with`, torch runs one intra-op thread per Python thread (process-wide:
-    torch.set_num_threads), restored on exit; all_threads() gives them back meanwhile (the
-    evaluation).
-    """
+    """The batch's gradients as `chunks` single-threaded pieces in parallel. Inside `with`, torch has one intra-op
+    thread per Python thread (process-wide), restored on exit; all_threads() restores it meanwhile (evaluation)."""
 
     def __init__(self, stack: StackedModels, chunks: int, objective: Callable):
-        """objective runs on each chunk's thread (so whatever it enters, e.g. autocast, which
-        is per thread, applies there) with that thread's replica."""
+        """objective runs on each chunk's thread (so per-thread state such as autocast applies there)."""
         self.chunks, self.objective = chunks, objective
         # functional_call swaps tensors into its module while it runs: one module per thread.
         self.replicas = [stack] + [stack.replica() for _ in range(chunks - 1)]

@@ -1,20 +1,15 @@
-"""The streamed trainer: one model, data from DataLoader workers, one or many processes (DDP).
+"""The streamed trainer: one model fed by DataLoader workers, in one process or many (DDP).
 
     history = train_streamed(model, train_set, test_set, cfg, ctx=DistributedContext.from_env())
 
-For datasets that do not fit on the device (ImageNet: imagenet.py). The recipe is the same
-as the on-device trainer's (common.py: AdamW without decay on 1-D parameters, warm-up then
-cosine by step, bf16 autocast on GPUs) plus what the official ImageNet command adds: Mixup /
-CutMix with label smoothing (timm's Mixup and soft-target loss) and the lr scaled by the
-global batch (TrainConfig.scaled_lr).
+For data that does not fit on the device (ImageNet: imagenet.py). The recipe is the on-device trainer's (trainer.py:
+AdamW without decay on 1-D parameters, warm-up then cosine by step, bf16 autocast on GPUs) plus the official ImageNet
+command's Mixup/CutMix with label smoothing (timm) and an lr scaled by the global batch (TrainConfig.scaled_lr).
 
-Under torchrun every process trains a DDP replica on its share of each global batch; the
-gradients are averaged, so one step is the single-process step on the whole batch (to float
-noise; with Mixup/CutMix each process mixes within its own share, as the official run did),
-and the global batch, not the process count, is the recipe. A process's share can run as
-micro-batches (STRUCTINIT_MICRO_BATCH) when it does not fit in memory at once. Rank 0 alone writes the
-checkpoint (after every epoch; all ranks resume from it, on any process count) and reports
-metrics; all ranks return the same history.
+Under torchrun each process trains a DDP replica on its share of every global batch; averaged gradients make a step
+the one-process step on the whole batch (to float noise; Mixup/CutMix mix within each share, as the official run did),
+so the recipe is the global batch, not the process count. A share too big for memory runs as micro-batches
+(STRUCTINIT_MICRO_BATCH). Rank 0 alone reports and checkpoints, every epoch; any process count resumes from it.
 """
 from __future__ import annotations
 
@@ -41,17 +36,14 @@ from structinit.training.config import steps_per_epoch
 
 
 def _announce_memory(model, test_set, batch: int, micro_batch: int | None, dtype: str, device) -> None:
-    """The memory estimate the on-device trainer prints before a cell trains (and on a GPU
-    whether it fits), for this process's share of the batch; no data term (the images stream
-    from disk). Probed on test images: their transform is deterministic (no RNG drawn), and the
-    evaluation crop has the training crop's size."""
+    """Print the on-device trainer's memory estimate for this process's share, with no data term (images stream from
+    disk). Probed on test images: their transform draws no RNG and crops to the training size."""
     sample = torch.stack([test_set[i][0] for i in range(min(8, len(test_set)))])
     print(memory_report([model], sample, batch, micro_batch, dtype, device, data_bytes=0))
 
 
 def default_workers() -> int:
-    """DataLoader workers per process: the machine's cores shared by its processes, at most 10
-    (the official command's -j 10)."""
+    """DataLoader workers per process: the cores split among local processes, at most 10 (the official -j 10)."""
     import os
 
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -63,12 +55,10 @@ def train_streamed(model: torch.nn.Module, train_set: SeededAugmentation, test_s
                    fingerprint: dict | None = None, workers: int | None = None, eval_batch: int = 256,
                    micro_batch: int | None = None, on_epoch_end=None, progress: bool = True,
                    dtype: str | None = None) -> list[dict]:
-    """Train `model` in place; returns one metrics dict per epoch (the on-device trainer's keys).
-    micro_batch: images per forward pass in each process (gradients accumulated over the
-    process's share of the batch: the same step, in less memory; None = all at once).
-    dtype: what the run computes in, as the caller decided it (common.compute_dtype); None:
-    decided here, without the model (see below).
-    on_epoch_end(metrics) runs on rank 0 only, for restored epochs first."""
+    """Train `model` in place; return one metrics dict per epoch (the on-device trainer's keys; same on all ranks).
+    micro_batch: images per forward pass in each process, gradients accumulated (same step, less memory; None: all).
+    dtype: the compute dtype as the caller decided it (stacked.compute_dtype); None: decided here, without the model.
+    on_epoch_end(metrics) runs on rank 0 only, restored epochs first."""
     ctx = ctx or DistributedContext()
     if micro_batch is not None and micro_batch < 1:
         raise ValueError(f"micro_batch={micro_batch}: give a positive number of images, or None")
@@ -84,12 +74,10 @@ def train_streamed(model: torch.nn.Module, train_set: SeededAugmentation, test_s
     total_steps, warmup_steps = schedule_steps(cfg, n_steps)
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=lr_cfg.lr, eps=cfg.adam_eps,
                             fused=device.type == "cuda")
-    # Decided once, here without the model: this trainer autocasts models with BatchNorm too
-    # (which the on-device trainer keeps in fp32 on CPUs; on GPUs both use bf16).
+    # without the model: BatchNorm models autocast here too (the on-device trainer keeps them fp32 on CPUs)
     dtype = dtype or compute_dtype(cfg, device)
     fingerprint = checkpoint_fingerprint(cfg, dtype, fingerprint)      # the recipe as given, amp unresolved
-    # Rank 0 restores first (moving a damaged checkpoint aside), then the others read what it
-    # left: every process starts from the same epoch.
+    # rank 0 first (it moves a damaged file aside), then the others read what it left: all start at one epoch
     history = (_restore(model, opt, checkpoint_path, fingerprint, cfg.epochs, device, announce=True)
                if ctx.is_main else [])
     ctx.barrier()
@@ -119,8 +107,6 @@ def train_streamed(model: torch.nn.Module, train_set: SeededAugmentation, test_s
                 group["lr"] = lr_at(step, total_steps, warmup_steps, lr_cfg)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             if mixup is not None:
-                # timm mixes within each process's batch, as in the official 8-GPU run: with
-                # mixup on, the process count changes which images are mixed (not the recipe)
                 np.random.seed((cfg.seed * 1_000_003 + step) * 1_009 + ctx.rank)   # its lambda, its box
                 x, target = mixup(x, y)
             else:
@@ -209,8 +195,7 @@ def _mixup(cfg: TrainConfig, num_classes: int, ctx: DistributedContext):
 
 
 def _restore(model, opt, path, fingerprint: dict, epochs: int, device, announce: bool) -> list[dict]:
-    """The finished epochs' history, with model and optimizer restored, if `path` holds a sound
-    checkpoint of this run (checkpoint.restore_checkpoint); [] otherwise. announce: say so (rank 0)."""
+    """The finished epochs' history, model and optimizer restored, from a sound checkpoint of this run; else []."""
     def load(state: dict) -> list[dict]:
         history = state["history"]
         model.load_state_dict(state["model"])

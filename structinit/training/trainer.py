@@ -3,21 +3,13 @@
     train_models([model_a, model_b], data, [cfg_a, cfg_b]) -> one list of epoch metrics per model
     train_model(model, data, cfg)                          -> the same for one model
 
-Several models of one architecture and one recipe (they may differ in weights and seed) train
-as one stacked model (stacked.py): each op runs all of them at once, and each model's result
-is what it would be trained alone, to float noise.
-
-Read top to bottom: what a caller calls and the epoch loop; the step (`train_step`: forward and
-loss, backward, per-model clipping, one AdamW step over the stack) with its optimizer and its
-learning-rate schedule; the step captured as one CUDA graph (`StepGraph`); the batches and their
-augmentation; the evaluation. Checkpoints are checkpoint.py's; whether the seeds stack and how
-much memory they need, structinit/memory.py's.
-
-The whole dataset lives on the training device as one uint8 tensor; each batch is gathered,
-augmented and normalized there. Each model has its own data order (its seed's, drawn from a
-generator seeded by (seed, epoch), so a resumed run continues exactly as the uninterrupted one)
-and its own metrics; the checkpoint holds every model's state in one file, written atomically,
-so a kill can never leave the models at different epochs.
+Models of one architecture and recipe (differing in weights and seed) train as one stack (stacked.py), each
+ending as it would trained alone, to float noise. Top to bottom: the epoch loop; the step (`train_step`:
+forward, backward, per-model clipping, one AdamW step over the stack) and its lr schedule; the step as one
+CUDA graph (`StepGraph`); the batches, gathered, augmented and normalized on the device from one uint8 copy
+of the dataset; the evaluation. Each model's data order comes from a generator seeded by (seed, epoch), so a
+resumed run continues exactly as the uninterrupted one. checkpoint.py keeps every model in one file, written
+atomically, so a kill never leaves them at different epochs; structinit/memory.py plans stacking and memory.
 """
 from __future__ import annotations
 
@@ -48,8 +40,7 @@ def train_model(model: torch.nn.Module, data: ImageData, cfg: TrainConfig, *,
                 device: torch.device | str | None = None, train_indices: torch.Tensor | None = None,
                 checkpoint_path: str | Path | None = None, fingerprint: dict | None = None,
                 on_epoch_end=None, progress: bool = True, dtype: str | None = None) -> list[dict]:
-    """Train one model in place; returns one metrics dict per epoch (see train_models).
-    on_epoch_end(metrics), as the streamed trainer's (streamed.train_streamed)."""
+    """Train one model in place (see train_models); on_epoch_end(metrics) as in streamed.train_streamed."""
     report = (lambda i, metrics: on_epoch_end(metrics)) if on_epoch_end else None
     return train_models([model], data, [cfg], device=device, train_indices=train_indices,
                         checkpoint_path=checkpoint_path, fingerprints=[fingerprint],
@@ -62,31 +53,19 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
                  on_epoch_end: Callable[[int, dict], None] | None = None, progress: bool = True,
                  ctx: DistributedContext | None = None, checkpoint_every_s: float = 0.0,
                  micro_batch: int | None = None, dtype: str | None = None) -> list[list[dict]]:
-    """Train models of one architecture in place, stacked (on a GPU, one after another where
-    memory.plan_stacking says so, each as a call of its own); returns each one's epoch metrics.
+    """Train models of one architecture in place, stacked, or one after another (a call each) where
+    memory.plan_stacking says so; returns each model's epoch metrics.
 
-    cfgs: one per model, equal except for `seed` (each model's data order and augmentation).
-    dtype: what the run computes in, "bf16" or "fp32", as the caller decided it with
-    common.compute_dtype (a stage logs it); None: decided here, by the same rule.
-    checkpoint_path: one file with every model's weights, optimizer state and history, written
-    atomically after every epoch (models trained one after another: one file each,
-    checkpoint-model<i>.pt beside it), and resumed from when it exists and its fingerprints
-    (each model's config + whatever the caller adds in `fingerprints[i]`, e.g. the init) all
-    match; a mismatching checkpoint is ignored and overwritten, a damaged one moved aside (all
-    models then start afresh). on_epoch_end(i, metrics) is called for every epoch of model i,
-    including (first) the epochs restored from the checkpoint.
-    checkpoint_every_s: write the checkpoint at the end of an epoch only once this many seconds
-    have passed since the last write (and after the last epoch); 0, every epoch. A run of many
-    short epochs otherwise spends much of its time re-writing a history that grows every
-    epoch; a kill then loses at most this many seconds of finished epochs.
-    micro_batch: images per model per forward pass (gradients summed over the pieces, each
-    weighted by its share): a batch too large for the device's memory trains as the same
-    step, to float noise. None: the whole batch (or the CPU's chunks: step.py).
-
-    ctx: several processes (torchrun, distributed.py) train the stack together. Every process
-    draws and augments the whole global batch (the same generators), keeps its own slice of
-    it, and the gradients are averaged over processes before clipping: each step is the
-    one-process step, to float noise. Rank 0 alone writes checkpoints and calls on_epoch_end.
+    cfgs: one per model, equal but for `seed`. dtype: "bf16" or "fp32", as common.compute_dtype decides (None: here).
+    checkpoint_path: every model's weights, optimizer state and history in one file (one after another: one file
+    each, checkpoint-model<i>.pt), resumed when every fingerprint (config + `fingerprints[i]`, e.g. the init)
+    matches; a mismatch is overwritten, a damaged file moved aside and all start afresh. on_epoch_end(i, metrics)
+    runs for every epoch of model i, restored ones first. checkpoint_every_s: write only once this long has passed
+    since the last write (and after the last epoch), as rewriting a growing history every short epoch is costly;
+    a kill loses at most this much. 0: every epoch. micro_batch: images per model per forward pass, gradients
+    summed by share, so a batch too big for memory trains as the same step; None: whole batch (or the CPU's chunks).
+    ctx: processes (torchrun) sharing the stack each draw and augment the whole global batch, keep their slice and
+    average gradients before clipping: the one-process step, to float noise. Rank 0 alone checkpoints and reports.
     """
     # ---- what trains, where, in which precision ----
     cfg = _one_recipe(cfgs, len(models))
@@ -221,17 +200,15 @@ def _one_recipe(cfgs: list[TrainConfig], n_models: int) -> TrainConfig:
 
 def _resume(models: list[torch.nn.Module], fingerprints: list[dict], checkpoint: Path | None,
             device: torch.device, epochs: int, ctx: DistributedContext) -> list[tuple[list, dict]] | None:
-    """checkpoint.restore_stack on every process: rank 0 restores first (and moves a damaged
-    checkpoint aside), then the others read what it left, so that every process starts from
-    the same epoch with rank 0's weights."""
+    """restore_stack on every process: rank 0 first (moving a damaged file aside), then the rest read what it
+    left, so all start at the same epoch with rank 0's weights."""
     if ctx.is_main:
         restored = restore_stack(models, fingerprints, checkpoint, device, epochs, announce=True)
     ctx.barrier()
     if not ctx.is_main:
         restored = restore_stack(models, fingerprints, checkpoint, device, epochs, announce=False)
     for model in models:
-        # every process builds the models itself; should a build differ (a solve that is not
-        # bitwise reproducible on a GPU), rank 0's weights, the ones written out, are trained
+        # builds may differ by process (a solve not bitwise reproducible on GPU): train rank 0's, the saved ones
         ctx.broadcast_from_main([*model.parameters(), *model.buffers()])
     return restored
 
@@ -246,8 +223,7 @@ def _one_of(checkpoint_path, i: int):
 
 def train_epoch(step: Callable, batches: EpochBatches, seeds: list[int], epoch: int, *, cfg: TrainConfig,
                 device: torch.device, ctx: DistributedContext, progress: bool) -> list[dict]:
-    """One pass of every stacked model over its (shuffled) training set; each model's metrics.
-    No host sync until its end (epoch_steps runs on the device, its sums are read once after)."""
+    """One epoch of every stacked model; each one's metrics. No host sync until the end, where the sums are read."""
     t0 = time.perf_counter()
     sums = epoch_steps(step, batches, seeds, epoch, cfg=cfg, device=device, progress=progress)
     _stop_if_nonfinite(sums["first_bad_step"], seeds, epoch, batches.steps_per_epoch)
@@ -267,20 +243,16 @@ def train_epoch(step: Callable, batches: EpochBatches, seeds: list[int], epoch: 
 
 def epoch_steps(step: Callable, batches: EpochBatches, seeds: list[int], epoch: int, *, cfg: TrainConfig,
                 device: torch.device, progress: bool) -> dict:
-    """The device work of an epoch (or of its first batches.steps steps): every step, each
-    step(x, y, lr=..., meanwhile=...) -> step.StepResult (train_step with the run's stack,
-    optimizer and gradients, or its StepGraph). Returns per-model sums on the device
-    (loss_sum, correct, first_bad_step: -1 or the first step whose loss or gradient was not
-    finite), read by the caller after the loop: on a GPU a read inside it would be a host sync
-    per step; and lr, the last step's (a float)."""
+    """An epoch's steps (or batches.steps of them) on the device; step(x, y, lr=, meanwhile=) -> StepResult is
+    train_step or a StepGraph. Returns per-model device sums (loss_sum, correct, first_bad_step: -1 or the first
+    non-finite step), read after the loop as a read per step is a GPU host sync, and the last step's lr."""
     n_steps, n = batches.steps_per_epoch, len(seeds)
     total_steps, warmup_steps = schedule_steps(cfg, n_steps)
     loss_sum = torch.zeros(n, device=device)
     correct = torch.zeros(n, device=device, dtype=torch.long)
     first_bad_step = torch.full((n,), -1, device=device, dtype=torch.long)  # per model
-    # A NaN/inf loss ends the cell. On CPU a check per step costs nothing (and stops a
-    # diverged run at once); on a GPU it would be a host sync per step, so there the
-    # device-side record is read at the end of the epoch (train_epoch).
+    # A NaN/inf ends the cell. On CPU a per-step check is free and stops a diverged run at once; on a GPU
+    # it is a host sync per step, so there train_epoch reads the device-side record after the epoch.
     check_each_step = device.type == "cpu"
     upcoming, lr = batches.batch(0), None
     for i in tqdm(range(len(batches)), desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not progress, leave=False,
@@ -317,11 +289,9 @@ class StepResult(NamedTuple):
 def train_step(stack: StackedModels, opt: torch.optim.Optimizer, gradients: "WholeBatchGradients | ChunkedGradients",
                x: torch.Tensor, y: torch.Tensor, *, lr: float | None, max_norm: float, ctx: DistributedContext,
                meanwhile: Callable[[], object] | None = None) -> StepResult:
-    """One step of every stacked model on its batch: x (N, B, ...), y (N, B). Nothing reads
-    back to the host: the results stay on the device. meanwhile(): the caller's work while the
-    gradients compute (the next batch), run between submitting the pieces and collecting them,
-    which on the CPU's chunks overlaps them. lr None: the optimizer's as it stands (StepGraph
-    fills the device tensor it holds)."""
+    """One step of every stacked model on x (N, B, ...), y (N, B); results stay on the device. meanwhile(): the
+    caller's work (the next batch), run between submitting and collecting the gradients, so the CPU's chunks
+    overlap it. lr None: keep the optimizer's (StepGraph fills its device tensor)."""
     if lr is not None:
         for group in opt.param_groups:
             group["lr"] = lr
@@ -341,9 +311,8 @@ def train_step(stack: StackedModels, opt: torch.optim.Optimizer, gradients: "Who
 
 def stacked_adamw(stack: StackedModels, states: list[dict | None], cfg: TrainConfig,
                   device: torch.device) -> torch.optim.Optimizer:
-    """AdamW over the stacked parameters, with each model's restored state (optimizer_state_of's)
-    in its slice. AdamW is elementwise, so one optimizer over the stack updates each model as
-    its own would. fused: one kernel for all parameters instead of a handful per tensor."""
+    """AdamW over the stack, each model's restored state (optimizer_state_of's) in its slice. AdamW is elementwise,
+    so this updates each model as its own would. fused: one kernel for all parameters, not a few per tensor."""
     named = stack.trainable()
     opt = torch.optim.AdamW(decay_groups(list(named.values()), cfg.weight_decay, stack.stacked_dims), lr=cfg.lr,
                             eps=cfg.adam_eps, fused=device.type in ("cuda", "cpu"))
@@ -359,9 +328,8 @@ def stacked_adamw(stack: StackedModels, states: list[dict | None], cfg: TrainCon
 
 
 def lr_at(step: int, total_steps: int, warmup_steps: int, cfg: TrainConfig) -> float:
-    """Linear warm-up from 0, then cosine to min_lr; a function of the step, so resumable.
-    cfg.warmup_prefix: the cosine starts where warm-up ends; else (timm's default, the paper's
-    runs) it runs over all steps from step 0 and warm-up replaces its start."""
+    """Linear warm-up from 0, then cosine to min_lr; a function of the step, so resumable. cfg.warmup_prefix: the
+    cosine starts after warm-up; else (timm's default, the paper's runs) it spans all steps, warm-up over its start."""
     if step < warmup_steps:
         return cfg.lr * (step + 1) / warmup_steps
     t = ((step - warmup_steps) / max(1, total_steps - warmup_steps) if cfg.warmup_prefix
@@ -370,8 +338,7 @@ def lr_at(step: int, total_steps: int, warmup_steps: int, cfg: TrainConfig) -> f
 
 
 def schedule_steps(cfg: TrainConfig, steps_per_epoch: int) -> tuple[int, int]:
-    """lr_at's (total_steps, warmup_steps) for cfg.epochs epochs of steps_per_epoch steps
-    (steps.py's match_steps counts warm-up steps the same way)."""
+    """lr_at's (total_steps, warmup_steps); steps.py's match_steps counts warm-up steps the same way."""
     return steps_per_epoch * cfg.epochs, round(cfg.warmup_epochs * steps_per_epoch)
 
 
@@ -388,24 +355,20 @@ def decay_groups(params: list[torch.Tensor], weight_decay: float, stacked_dims: 
             {"params": no_decay, "weight_decay": 0.0}]
 
 
-# Eager steps before the capture: the objective's guarded calls (a compile, its checks, which
-# synchronize and so cannot run while capturing), AdamW's state (made at its first step), and
-# cuBLAS's workspace on the capturing stream. They are real steps of the run.
+# Eager steps before capture, real steps of the run: the objective's guarded calls (a compile and checks that
+# synchronize, so cannot be captured), AdamW's state (made at its first step), cuBLAS's workspace on the stream.
 WARMUP_STEPS = GUARDED_CALLS
 
 
-# A capture failed in this process: later cells (a cell's seeds one after another) do not try
-# again and warn again.
+# Set when a capture fails, so later cells in this process neither retry nor warn again.
 _FAILED_CAPTURE = False
 
 
 def plan_step_graph(setting: str, way: str, device: torch.device, processes: int,
                     micro_batch: int | None, batch: int) -> tuple[bool, str]:
-    """Whether the step is captured as one CUDA graph (StepGraph), and why (for the log).
-    setting: TrainConfig.cuda_graph; way: the stack's (StackedModels.way); processes: how many
-    share each step (torchrun); micro_batch, batch: images per model per pass and per step in
-    this process (plan_gradients's). auto: on CUDA, for a stack of models (the small models a
-    host sets the pace of; one plain model fills the card with its own work)."""
+    """Whether the step is captured as one CUDA graph (StepGraph), and why, for the log. setting: TrainConfig's
+    cuda_graph; batch: images per model per step here. auto: on CUDA for a stack, whose small kernels leave the host
+    setting the pace (one plain model fills the card by itself)."""
     if setting == "off":
         return False, "cuda_graph: off"
     if _FAILED_CAPTURE:
@@ -424,36 +387,27 @@ def plan_step_graph(setting: str, way: str, device: torch.device, processes: int
 
 
 class StepGraph:
-    """train_step, captured once as one CUDA graph and replayed for every later step: a step
-    is then the batch and lr copied into the graph's input tensors and one launch, where eager
-    it is hundreds of kernel launches (forward, backward, clipping, AdamW), each costing the
-    host more time than a small stacked model's kernel costs the GPU.
+    """train_step captured once as a CUDA graph and replayed: a step is then a copy of batch and lr into the graph's
+    inputs and one launch, not hundreds of launches that each cost the host more than a small model's kernel costs.
 
         step = StepGraph(stack, opt, gradients, max_norm=3.0, ctx=ctx, capture=True)
         out = step(x, y, lr=lr, meanwhile=next_batch)        # a StepResult, as train_step's
 
-    The first WARMUP_STEPS steps run eager on the stream the capture then uses; the next one
-    is captured and replayed, and every later one replays. Each step's inputs and results are
-    the graph's own tensors (the results are overwritten by the next step: read or add them
-    before it). The lr lives in a device tensor the optimizer reads (AdamW with capturable on)
-    and is filled each step, so the schedule moves inside the graph.
-
-    capture=False: the same function runs eagerly every step, on the same tensors (the CPU,
-    the tests): the numbers the graph replays. A capture that fails warns once and the run
-    goes on eager with the step that failed re-run (a capture computes nothing), so no step is
-    lost. The optimizer must stay this one's (its lr is a tensor from here on)."""
+    WARMUP_STEPS steps run eager on the capture stream, the next is captured, the rest replay. Results are the
+    graph's tensors, overwritten by the next step. lr is a device tensor the capturable AdamW reads, so the schedule
+    moves inside the graph; the optimizer must stay this one's. capture=False: the same steps eager, same tensors
+    (CPU, tests). A failed capture warns once and re-runs that step eager (capturing computes nothing)."""
 
     def __init__(self, stack: StackedModels, opt: torch.optim.Optimizer, gradients: "WholeBatchGradients",
                  *, max_norm: float, ctx: DistributedContext, capture: bool):
         self.step = functools.partial(train_step, stack, opt, gradients, lr=None, max_norm=max_norm, ctx=ctx)
         device = next(iter(stack.trainable().values())).device
-        # One lr tensor that every group reads, on the parameters' device (fused AdamW reads a
-        # host tensor's value on the host: a capture would bake it in); float32, as the kernel takes it.
+        # One float32 lr for all groups on the parameters' device: fused AdamW reads a host tensor on the host,
+        # so a capture would bake it in.
         self.lr = torch.tensor(float(opt.param_groups[0]["lr"]), dtype=torch.float32, device=device)
         for group in opt.param_groups:
             group["lr"], group["capturable"] = self.lr, True
-        # AdamW warns once that a capturable optimizer stepping uncaptured is slower: the
-        # warm-up steps are, on purpose
+        # skip AdamW's warning that an uncaptured capturable step is slow: the warm-up steps are so on purpose
         opt._warned_capturable_if_run_uncaptured = True
         self.capture, self.device = capture, device
         self.x = self.y = self.out = self.graph = self.stream = None
@@ -489,8 +443,7 @@ class StepGraph:
         return StepResult(*out, meanwhile() if meanwhile is not None else None)
 
     def _on_capture_stream(self, fn: Callable[[], tuple]) -> tuple:
-        """fn() on the stream the capture uses, ordered after the work queued before it and
-        before the work queued after it (the caller's sums, the next batch)."""
+        """fn() on the capture stream, after work queued before it, before work queued after (sums, next batch)."""
         if self.stream is None:
             self.stream = torch.cuda.Stream(self.device)
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -523,15 +476,9 @@ class StepGraph:
 
 
 class BatchAugmentation:
-    """The trainer's per-batch image transforms, on the device: uint8 images in, float out.
-
-    augment(x, gens): the training batches of len(gens) models side by side (model i's B images
-    are rows i*B..), randomly augmented (the config's RandAugment policy and horizontal flips,
-    each model's drawn from its own generator, in the order one model alone draws them; the
-    transforms then run once over every model's images), then normalized by the dataset's
-    mean and std.
-    normalize(x): a test batch, normalized only.
-    """
+    """Per-batch image transforms on the device, uint8 in, float out. augment(x, gens): len(gens) models' batches
+    (model i's B images are rows i*B..), RandAugment and flips drawn from each model's generator in the order it
+    would draw alone, applied in one pass over all, then normalized. normalize(x): a test batch, normalized only."""
 
     def __init__(self, data: ImageData, cfg: TrainConfig, device: torch.device):
         spec = data.spec
@@ -563,10 +510,9 @@ def epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Genera
 
 
 class EpochBatches:
-    """Each model's batches of one epoch, drawn from its own generator in `gens`, in order, as
-    it would draw them alone. batch(i): step i's (x (N, B, ...), y (N, B)), this process's
-    rows of the global batch under torchrun; None past the last step. The ragged tail is
-    dropped (static shapes); `steps` stops the epoch early (tests)."""
+    """Each model's batches of one epoch, from its own generator as it would draw alone. batch(i): step i's
+    (x (N, B, ...), y (N, B)), this process's rows under torchrun; None past the end. The ragged tail is dropped
+    (static shapes); `steps` stops the epoch early (tests)."""
 
     def __init__(self, train_x: torch.Tensor, train_y: torch.Tensor, augmentation: BatchAugmentation,
                  gens: list[torch.Generator], batch_size: int, ctx: DistributedContext, steps: int | None = None):
@@ -574,8 +520,7 @@ class EpochBatches:
         self.batch_size, self.ctx = batch_size, ctx
         self.steps_per_epoch = steps_per_epoch(len(train_y), batch_size)
         self.steps = self.steps_per_epoch if steps is None else min(steps, self.steps_per_epoch)
-        # side by side, so that a step gathers every model's batch with one index (a gather per
-        # model costs kernels per model)
+        # side by side: one gather per step for every model, not one per model
         self.orders = torch.stack([torch.randperm(len(train_y), device=train_y.device, generator=g)
                                    for g in gens])                                        # (N, n)
         local = batch_size // ctx.world_size
@@ -632,8 +577,7 @@ def evaluation_sums(stack: StackedModels, images: torch.Tensor, labels: torch.Te
 
 
 class NonFiniteLossError(StructinitError, FloatingPointError):
-    """A model's training loss became NaN or inf: the cell has failed (its last finished
-    epoch's checkpoint is kept; nothing after it is written)."""
+    """A training loss went NaN or inf: the cell failed; nothing after its last finished epoch is written."""
 
 
 def default_device() -> torch.device:
