@@ -7,7 +7,7 @@ run, every arm's seeds stacked as a cell's), reads the recipe's budget from the 
 cells (--cells), and checks on --check-inits that training that budget here gives the cells'
 runs to the bit. Writes into --out: epochs.csv and epochs.md (the runs, tables and verdict),
 cells_check.csv and cells_check.md (the check), and inputs.json, the DVC hash of every cell it
-read (structinit.evidence: the reports quote the verdict only while those cells are unchanged).
+read (structinit.records: the reports quote the verdict only while those cells are unchanged).
 The evidence itself is structinit/evidence/epoch_budget.py's; --report-only trains nothing:
 it takes the cells' budget from --cells into epochs.csv again and rewrites the markdown from
 the CSVs (the record is left as it is).
@@ -30,7 +30,7 @@ import torch
 from stages.common import (RESTART_VAR, requested_checkpoint_seconds, restart_requested, run_stage, write_json,
                            write_text)
 from structinit import prepare_dataset
-from structinit.evidence import RECORD, inputs_record
+from structinit.records import RECORD, inputs_record
 from structinit.evidence import epoch_budget as ev
 from structinit.numerics import cpu_model
 from structinit.pipeline import cells as cell_names

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from stages.common import run_stage, write_json, write_text
-from structinit.evidence import RECORD, inputs_record
+from structinit.records import RECORD, inputs_record
 from structinit.evidence import regime as ev
 from structinit.evidence.replication import keep_outputs
 from structinit.pipeline.cells import main_cell

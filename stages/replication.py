@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from stages.common import run_stage, write_json, write_text
-from structinit.evidence import RECORD, inputs_record
+from structinit.records import RECORD, inputs_record
 from structinit.evidence import replication as ev
 from structinit.pipeline import cells
 from structinit.pipeline.load import load_params

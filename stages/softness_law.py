@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from stages.common import run_stage, write_json, write_text
-from structinit.evidence import RECORD, inputs_record
+from structinit.records import RECORD, inputs_record
 from structinit.evidence import softness_law as ev
 from structinit.pipeline.load import load_params
 

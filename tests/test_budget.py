@@ -63,7 +63,7 @@ def test_reading_the_evidence_file(tmp_path):
     has no record of the cells it was made from (tests/test_evidence.py: fresh and stale)."""
     import json
 
-    from structinit.evidence import RECORD
+    from structinit.records import RECORD
 
     folder = tmp_path / "epoch_budget"
     assert read_budget_finals(folder, ["digits"]) == {}               # no file: nothing said

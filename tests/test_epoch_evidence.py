@@ -65,7 +65,7 @@ def same_trainer_as_the_cells(report: str) -> None:
     it: once the cells were re-trained by other code, the comparison says so (a skip naming
     both) instead of failing; its label in the file says the same. A file its stage made
     records the cells it read (inputs.json): it describes them while they are the workspace's."""
-    from structinit.evidence import RECORD, evidence_freshness
+    from structinit.records import RECORD, evidence_freshness
 
     path = report
     if (REPO / path).parent.joinpath(RECORD).exists():
@@ -143,7 +143,7 @@ def test_each_evidence_file_names_what_made_it():
     that made it in its first line; one its stage made is that stage's output as dvc.lock
     records it (the folder's hash), so its provenance is the lock's: checked here against the
     workspace, file by file through the folder's hash."""
-    from structinit.evidence import EVIDENCE, RECORD, workspace_hashes
+    from structinit.records import EVIDENCE, RECORD, workspace_hashes
 
     lock = yaml.safe_load((REPO / "dvc.lock").read_text())["stages"]
     shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO, capture_output=True,

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from structinit.evidence import (EVIDENCE, RECORD, Freshness, dvc_md5, evidence_freshness, freshness, inputs_record,
+from structinit.records import (EVIDENCE, RECORD, Freshness, dvc_md5, evidence_freshness, freshness, inputs_record,
                                  lock_hashes, read_record, unmeasured_line)
 from structinit.reporting.budget import budget_sentence, read_budget_finals
 

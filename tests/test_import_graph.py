@@ -72,6 +72,18 @@ def test_the_data_code_imports_no_training_code():
     assert [e for e in crossing("structinit.data", ("structinit",)) if "structinit.training" in e] == []
 
 
+def test_reports_import_no_trainer_and_no_evidence_code():
+    """A report reads what training and the evidence stages wrote (structinit.records reads the
+    evidence's records); the recipe (training.config, torch-free) is not a trainer."""
+    edges = crossing("structinit.reporting", ("structinit",))
+    assert [e for e in edges if "structinit.evidence" in e
+            or ("structinit.training" in e and not e.endswith("structinit.training.config"))] == []
+
+
+def test_a_stage_imports_no_tool():
+    assert crossing("stages", ("tools",)) == []
+
+
 def test_no_private_name_is_imported_across_modules():
     private = [f"{path}: from {node.module} import {a.name}"
                for pkg in PACKAGES for path in sorted((REPO / pkg).rglob("*.py"))

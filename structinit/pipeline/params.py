@@ -647,7 +647,7 @@ def _is_variant(name: str) -> bool:
 
 def _data_size_problems(p: ParamsSchema) -> list:
     """Each fraction of each dataset's main-grid training set must hold one batch of its
-    recipe: the study keeps the batch size and matches the optimizer's steps (steps.py)."""
+    recipe: the study keeps the batch size and matches the optimizer's steps (training/config.py)."""
     out, s = [], p.studies.data_size
     for i, d in enumerate(s.gpu.datasets):
         if d not in p.grid.gpu_datasets:

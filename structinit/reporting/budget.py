@@ -1,7 +1,7 @@
 """Is the epoch budget converged? The epoch evidence's criterion (structinit/evidence/epoch_budget.py),
 read by the evidence stage and by the reports, so the sentence a report prints about its own
 budget comes from the epoch_budget stage's output (results/evidence/epoch_budget/epochs.csv),
-not from prose, and only while that evidence is fresh (structinit.evidence): made from the
+not from prose, and only while that evidence is fresh (structinit.records): made from the
 cells the reports read. Otherwise the sentence says the budget's convergence was not measured.
 
 A budget B is converged when doubling it moves no arm's mean final accuracy by more than
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from structinit.evidence import evidence_freshness, unmeasured_line
+from structinit.records import evidence_freshness, unmeasured_line
 from structinit.io import CorruptFileError
 from structinit.reporting import stats
 
@@ -159,7 +159,7 @@ def budget_sentence(finals: pd.DataFrame | None, epochs: int, label=str, toleran
 def read_budget_finals(folder: Path | None, datasets, root: Path = Path(".")) -> dict[str, pd.DataFrame | None]:
     """The epoch evidence (folder: results/evidence/epoch_budget, its epochs.csv and record) ->
     {dataset: its final-epoch rows} for each of `datasets` it measured, None for each while
-    the evidence is not fresh (made from other cells, or unrecorded: structinit.evidence;
+    the evidence is not fresh (made from other cells, or unrecorded: structinit.records;
     root: the repository its record's paths are in); {} when there is no file (a report then
     says nothing about its budget)."""
     path = Path(folder) / "epochs.csv" if folder is not None else None

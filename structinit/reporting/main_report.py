@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from structinit.errors import ConfigError
-from structinit.evidence import evidence_freshness, unmeasured_line
+from structinit.records import evidence_freshness, unmeasured_line
 from structinit.io import MissingFileError
 from structinit.pipeline import cells
 from structinit.pipeline.cells import main_cell, run_name, seed_dir, solve_cell
@@ -217,7 +217,7 @@ def main_reports(params: dict, results: Path, preopt: Path, reference: Path, fig
     epoch_budget), its epochs.csv drawn beside it where it has the dataset and is fresh;
     replication: the replication stage's folder (results/evidence/replication), its
     replication.json quoted in the headline where it replicated this very primary contrast
-    (replication_sentence) and is fresh (structinit.evidence), else one line saying it was not
+    (replication_sentence) and is fresh (structinit.records), else one line saying it was not
     measured on these cells. Both evidence folders' records name paths relative to the working
     directory (the repository root, where stages run)."""
     results, preopt, reference, figures = Path(results), Path(preopt), Path(reference), Path(figures)

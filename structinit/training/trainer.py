@@ -338,7 +338,7 @@ def lr_at(step: int, total_steps: int, warmup_steps: int, cfg: TrainConfig) -> f
 
 
 def schedule_steps(cfg: TrainConfig, steps_per_epoch: int) -> tuple[int, int]:
-    """lr_at's (total_steps, warmup_steps); steps.py's match_steps counts warm-up steps the same way."""
+    """lr_at's (total_steps, warmup_steps); config.py's match_steps counts warm-up steps the same way."""
     return steps_per_epoch * cfg.epochs, round(cfg.warmup_epochs * steps_per_epoch)
 
 
