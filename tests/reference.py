@@ -19,11 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from structinit.data.tensors import ImageData
-from structinit.training.trainer import BatchAugmentation
+from structinit.training.trainer import BatchAugmentation, lr_at, param_groups, schedule_steps
 from structinit.training.stacked import autocast, compute_dtype
-from structinit.training.trainer import lr_at, param_groups, schedule_steps
-from structinit.training.config import TrainConfig
-from structinit.training.config import steps_per_epoch
+from structinit.training.config import TrainConfig, steps_per_epoch
 
 
 def plain_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,

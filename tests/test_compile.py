@@ -9,9 +9,7 @@ import torch
 
 import structinit as si
 from conftest import small_vit
-from structinit.training.stacked import autocast
-from structinit.training.stacked import StackedModels, mean_cross_entropy
-from structinit.training.stacked import GUARDED_CALLS, Objective
+from structinit.training.stacked import autocast, StackedModels, mean_cross_entropy, GUARDED_CALLS, Objective
 
 CPU = torch.device("cpu")
 

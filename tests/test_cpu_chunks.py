@@ -7,8 +7,7 @@ from timm.layers import DropPath
 import structinit as si
 from conftest import small_vit
 from structinit.training.trainer import BatchAugmentation
-from structinit.training.stacked import ChunkedGradients, Objective, WholeBatchGradients, plan_cpu_chunks
-from structinit.training.stacked import StackedModels
+from structinit.training.stacked import ChunkedGradients, Objective, WholeBatchGradients, plan_cpu_chunks, StackedModels
 
 CPU = torch.device("cpu")
 

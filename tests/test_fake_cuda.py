@@ -30,13 +30,10 @@ from structinit.distributed import DistributedContext
 from structinit.pipeline.build import build_model
 from structinit.pipeline.load import load_params
 from structinit.training import trainer
-from structinit.training.trainer import BatchAugmentation, EpochBatches
-from structinit.training.trainer import stacked_adamw
-from structinit.training.trainer import evaluation_sums
+from structinit.training.trainer import BatchAugmentation, EpochBatches, stacked_adamw, evaluation_sums
 from structinit.memory import deepcopied_as_fake, estimate_training_memory
-from structinit.training.stacked import Objective, plan_gradients
+from structinit.training.stacked import Objective, plan_gradients, StackedModels
 from structinit.training.trainer import StepGraph, train_step
-from structinit.training.stacked import StackedModels
 
 pytestmark = pytest.mark.filterwarnings("error:Accessing the data pointer of FakeTensor")
 CUDA = torch.device("cuda", 0)

@@ -332,8 +332,7 @@ def test_batched_stack_on_cuda_is_each_models_own():
     x, y = torch.randn(2, 32, 1, 8, 8), torch.randint(0, 10, (2, 32))
     stack = StackedModels(models).to(torch.device("cuda"))
     assert stack.batched is not None
-    from structinit.training.stacked import compute_dtype
-    from structinit.training.stacked import Objective
+    from structinit.training.stacked import compute_dtype, Objective
     cfg, cuda = si.TrainConfig(amp="auto"), torch.device("cuda")
     grads, losses, logits = Objective(stack, cfg, cuda, compute_dtype(cfg, cuda))(stack, x.cuda(), y.cuda())
     assert logits.dtype == torch.bfloat16

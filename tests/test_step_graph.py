@@ -15,11 +15,8 @@ from conftest import small_vit
 from fake_graph import FakeCuda
 from structinit.distributed import DistributedContext
 from structinit.training import trainer as step_module
-from structinit.training.trainer import BatchAugmentation
-from structinit.training.trainer import stacked_adamw
-from structinit.training.trainer import lr_at
-from structinit.training.stacked import StackedModels
-from structinit.training.stacked import Objective, WholeBatchGradients
+from structinit.training.trainer import BatchAugmentation, stacked_adamw, lr_at
+from structinit.training.stacked import StackedModels, Objective, WholeBatchGradients
 from structinit.training.trainer import WARMUP_STEPS, StepGraph, plan_step_graph, train_step
 
 CPU = torch.device("cpu")
