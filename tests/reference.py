@@ -3,9 +3,9 @@
     history = train_plain(model, data, cfg)      # one dict per epoch: train_loss, images_per_s, ...
     loss = plain_step(model, opt, x, y, cfg, device, dtype)
 
-What the stacked trainer (trainer.py) is checked against and measured against: the
-equivalence tests (tests/test_stacked.py: the trainer on one model == this loop, to float
-noise) and the throughput benchmarks use this one loop. It runs the timm module as timm runs
+What the stacked trainer (structinit/training/trainer.py) is checked against: the
+equivalence test (tests/test_stacked.py: the trainer on one model == this loop, to float
+noise) uses this one loop. It runs the timm module as timm runs
 it (its own attention choice), torch's own clip_grad_norm_ and AdamW, with the trainer's
 batches: the same per-(seed, epoch) generator draws the same order and augmentation, so the
 two differ only in how the step is computed. No checkpoints, no evaluation, no
@@ -26,7 +26,7 @@ from structinit.training.config import TrainConfig, steps_per_epoch
 
 def plain_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
                cfg: TrainConfig, device: torch.device, dtype: str) -> torch.Tensor:
-    """One textbook training step: forward (autocast in `dtype`, common.compute_dtype's answer
+    """One textbook training step: forward (autocast in `dtype`, stacked.compute_dtype's answer
     for the recipe), label-smoothed loss, backward, clip, AdamW. Returns the (detached) mean
     loss of the batch."""
     with autocast(device, dtype):

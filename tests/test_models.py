@@ -3,7 +3,7 @@ import torch
 from timm.models import VisionTransformer
 
 import structinit as si
-from structinit.training import trainer as common
+from structinit.training import trainer
 from structinit.models.vit import sincos_position_encoding
 from conftest import small_vit
 
@@ -50,7 +50,7 @@ def test_position_encoding_is_fixed_sincos_and_survives_every_init():
         si.initialize(m, method)
         assert torch.equal(m.pos_embed[0], pe), method
         assert not m.pos_embed.requires_grad
-    assert all(p is not m.pos_embed for g in common.param_groups(m, 0.1) for p in g["params"])
+    assert all(p is not m.pos_embed for g in trainer.param_groups(m, 0.1) for p in g["params"])
 
 
 def test_forward_shape_any_grid():

@@ -14,7 +14,7 @@ import structinit as si
 from conftest import small_vit
 from fake_graph import FakeCuda
 from structinit.distributed import DistributedContext
-from structinit.training import trainer as step_module
+from structinit.training import trainer as trainer_module
 from structinit.training.trainer import BatchAugmentation, stacked_adamw, lr_at
 from structinit.training.stacked import StackedModels, Objective, WholeBatchGradients
 from structinit.training.trainer import WARMUP_STEPS, StepGraph, plan_step_graph, train_step
@@ -115,7 +115,7 @@ def test_warm_up_steps_then_one_capture_then_replays_that_train_as_the_eager_ste
     a batch or lr that the Python code puts anywhere but the captured tensors, state that the
     capture allocates (re-initialized at every replay), gradients rebound outside the graph."""
     models, cfg, batches, lrs = setup
-    monkeypatch.setattr(step_module, "_FAILED_CAPTURE", False)
+    monkeypatch.setattr(trainer_module, "_FAILED_CAPTURE", False)
     fake = FakeCuda(monkeypatch)
 
     def steps(capture):
@@ -192,7 +192,7 @@ def test_the_captured_objective_is_compiled_in_default_mode_with_autocasts_cache
 
 def test_a_capture_that_fails_warns_once_and_loses_no_step(setup, monkeypatch, capsys):
     models, cfg, batches, lrs = setup
-    monkeypatch.setattr(step_module, "_FAILED_CAPTURE", False)
+    monkeypatch.setattr(trainer_module, "_FAILED_CAPTURE", False)
     stack, opt, gradients = stack_and_optimizer(copy.deepcopy(models), cfg, graphed=True)
     FakeCuda(monkeypatch, fail=True)
     step = StepGraph(stack, opt, gradients, max_norm=3.0, ctx=DistributedContext(), capture=True)
@@ -322,7 +322,7 @@ def test_the_trainer_trains_through_the_graphs_step_and_resumes_where_it_was_cut
     from structinit.training import trainer
 
     made = []
-    monkeypatch.setattr(step_module, "_FAILED_CAPTURE", False)
+    monkeypatch.setattr(trainer_module, "_FAILED_CAPTURE", False)
     FakeCuda(monkeypatch)
     monkeypatch.setattr(trainer, "plan_step_graph", lambda *args: (True, "the whole step as one CUDA graph"))
     monkeypatch.setattr(trainer, "graph_fits", lambda estimate, device: (True, ""))

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import structinit as si
-from structinit.training import trainer as common
+from structinit.training import trainer
 from conftest import small_vit
 
 # Fast-learning optimizer settings for trainer tests: Adam eps 1e-8, not the paper's 1e-3
@@ -136,7 +136,7 @@ def test_bf16_autocast_path_runs_on_cpu(digits):
 
 def test_lr_schedule_warmup_then_cosine():
     cfg = si.TrainConfig(lr=1e-3, min_lr=1e-6)
-    lrs = [common.lr_at(s, 100, 10, cfg) for s in range(100)]
+    lrs = [trainer.lr_at(s, 100, 10, cfg) for s in range(100)]
     assert lrs[9] == pytest.approx(1e-3) and lrs[0] == pytest.approx(1e-4)
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:])) and lrs[-1] < 2e-5
     # timm's shape (the default, the paper's): the cosine runs from step 0, so right after
@@ -144,8 +144,8 @@ def test_lr_schedule_warmup_then_cosine():
     cosine = lambda t: 1e-6 + 0.5 * (1e-3 - 1e-6) * (1 + math.cos(math.pi * t))  # noqa: E731
     assert lrs[10] == pytest.approx(cosine(10 / 100)) and lrs[50] == pytest.approx(cosine(0.5))
     prefixed = si.TrainConfig(lr=1e-3, min_lr=1e-6, warmup_prefix=True)
-    assert common.lr_at(10, 100, 10, prefixed) == pytest.approx(1e-3)
-    assert common.lr_at(55, 100, 10, prefixed) == pytest.approx(cosine(0.5))
+    assert trainer.lr_at(10, 100, 10, prefixed) == pytest.approx(1e-3)
+    assert trainer.lr_at(55, 100, 10, prefixed) == pytest.approx(cosine(0.5))
 
 
 def test_bad_config_is_refused_before_training():

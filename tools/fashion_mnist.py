@@ -7,34 +7,20 @@
     python -m tools.fashion_mnist --budget            # the budget alone, at B and 2B
     python -m tools.fashion_mnist --tiny --out DIR    # the budget at toy sizes on the CPU: the suite's run
 
---grid lists fashion_mnist in grid.gpu_datasets (params.yaml), writes dvc.yaml with the GPU
-datasets' stages unfrozen, runs `dvc repro` of its train_gpu_* stages (each trains one cell, every
-seed stacked, from datasets/fashion_mnist), then analyze_gpu (the cells' attention analysis,
-where their weights are: one compact file, results/analysis_gpu/fashion_mnist.pt), writes
-dvc.yaml frozen again (so a CPU's `dvc repro` never trains them, and reports their committed
-cells), and writes the time, accuracies and card
-to a file of benchmarks/ named after the card and commit; it prints what to commit (params.yaml,
-dvc.lock, the cells in results/train/ and results/studies/data_size/, the analysis, that file); then `dvc
-repro` on any machine adds the column to the reports. --root runs it in another checkout (the suite's tiny copy).
+--grid lists fashion_mnist in params.yaml's GPU lists, unfreezes the GPU stages in dvc.yaml and runs `dvc repro` of
+each train_gpu_* stage (one cell, its seeds stacked), of analyze_gpu (the attention analysis, run where the weights
+are, into the compact results/analysis_gpu/fashion_mnist.pt) and, unless --main-only, of the data-size study. It
+freezes dvc.yaml again, so a CPU's `dvc repro` reports the committed cells instead of training them, writes times,
+accuracies and card to benchmarks/ and prints what to commit. --root: another checkout (the suite's tiny copy).
 
-The recipe (params.yaml, recipes.fashion_mnist) trains every arm of the main grid (grid.baselines
-and impulse<k> for each of grid.kernels), each arm's seeds stacked as a cell, at its budget B and
-at 2B, on a validation split: 10,000 of the 60,000 training images, stratified and seeded, held
-out (the test set is never read). The project's criterion (structinit/reporting/budget.py) then
-says whether B is converged: doubling it moves no arm's mean by more than 1 point. The budget
-stays what params.yaml says; this command reports, the recipe's author decides.
-
-The B run is also the measured rate that prices the main grid on this card: it trains the same
-models, stacked as the stages stack them, on 50,000 images where the grid's cells train on 60,000,
-so the grid's training time is B's training seconds x 60/50, to which the stages' start-ups add.
-
-Writes, after each arm and budget (an interrupted run keeps what it finished, and a re-run
-skips it): epochs.csv (validation accuracy at every evaluated epoch, per arm, budget and seed,
-with the cell's wall seconds), and epochs.md (the machine, card, dtype and commit; each budget's
-time; the doubling table and the verdict; the grid's time), in --out
-(results/evidence/fashion_mnist_budget by default), as the digits budget's evidence names them.
-Without a GPU the budget stops (unless --tiny), saying how long the CPU would take; so does the
-grid, before touching anything, unless STRUCTINIT_ALLOW_CPU=1.
+--budget trains every arm of the main grid at the recipe's budget B and at 2B, validated on 10,000 of the 60,000
+training images (held out, stratified, seeded; the test set is never read). B is converged if doubling it moves no
+arm's mean by over 1 point (structinit/reporting/budget.py); the command reports, the recipe's author decides. The
+B run also prices the main grid on this card: the same stacked models on 50,000 images where the cells train on
+60,000, so B's training seconds x 60/50, plus start-ups. After each arm and budget it writes epochs.csv (validation
+accuracy per evaluated epoch, arm, budget and seed) and epochs.md (machine, times, verdict, the grid's price) in
+--out (default results/evidence/fashion_mnist_budget); a re-run skips what is there. Without a GPU both stop at
+once (the budget says how long the CPU would take), unless --tiny, or STRUCTINIT_ALLOW_CPU=1 for the grid.
 """
 from __future__ import annotations
 
@@ -67,8 +53,7 @@ def arms(params) -> list[str]:
 
 
 def primary_first(params) -> list[str]:
-    """The main grid's arms, the primary contrast's two first: a run cut short has the pair the
-    paper's claim needs."""
+    """The main grid's arms, the primary pair first, so a run cut short has what the paper's claim needs."""
     first = [i for i in (f"impulse{params['init']['kernel']}", "trunc_normal") if i in arms(params)]
     return list(dict.fromkeys([*first, *arms(params)]))
 
@@ -166,10 +151,8 @@ def listed_in(params: dict, dotted: str) -> list:
 
 
 def list_as_gpu_dataset(params_path: Path, lists: tuple[str, ...] = tuple(GPU_LISTS)) -> bool:
-    """params.yaml with fashion_mnist in `lists` (by default both: grid.gpu_datasets and
-    studies.data_size.gpu.datasets; its comments kept; each list found by its indentation:
-    tests/test_fashion_mnist_budget.py); False if they all listed it. The new text is checked
-    before it is written."""
+    """Add fashion_mnist to `lists` in params.yaml, comments kept, each list found by its indentation
+    (tests/test_fashion_mnist_budget.py); False if all list it already. The new text is checked before writing."""
     import tempfile
 
     from structinit.pipeline.load import load_params
@@ -198,8 +181,7 @@ def list_as_gpu_dataset(params_path: Path, lists: tuple[str, ...] = tuple(GPU_LI
 
 
 def final_accuracy(metrics: Path) -> float | None:
-    """A finished seed's final test accuracy, %; None while its cell trains (its metrics.json is
-    dvclive's running one, without final_test_acc) or before."""
+    """A finished seed's final test accuracy, %; None before (dvclive's running metrics.json lacks it)."""
     if not metrics.exists():
         return None
     acc = json.loads(metrics.read_text()).get("final_test_acc")
@@ -207,15 +189,11 @@ def final_accuracy(metrics: Path) -> float | None:
 
 
 def stage_logs(timings: Path, since: float) -> dict | None:
-    """What a training stage that ran in this command logged (stages/train.py): its marks
-    (seconds since its process started when its imports, data, models, training and saving were
-    done: logs/timings/<cell>/phases.json) and its first seed's epochs' seconds (seed<s>.json: a
-    stack's seeds share one clock); None when no phases.json was written after `since` (a time
-    stamp: DVC skipped the stage as up to date, or it was cut before saving, and any log there is
-    an older run's)."""
+    """What a stage run by this command logged (stages/train.py): phase marks and its first seed's epoch seconds
+    (a stack's seeds share one clock). None if no phases.json is newer than `since` (DVC skipped it, or it was cut
+    before saving)."""
     path = timings / "phases.json"
-    # A file's mtime comes from the kernel's coarse clock, which lags time.time() by up to a tick:
-    # a log written just after `since` can read as older. An older run's log is seconds older.
+    # mtimes come from a coarse clock that lags time.time() by up to a tick; an older run's log is seconds older
     if not path.exists() or path.stat().st_mtime < since - 1.0:
         return None
     marks = {k: v for k, v in json.loads(path.read_text())["seconds_since_start"].items() if v is not None}
@@ -225,10 +203,8 @@ def stage_logs(timings: Path, since: float) -> dict | None:
 
 
 def stage_table(stage_seconds: dict, started: dict, cells: dict, code: int, root: Path) -> tuple[list, dict]:
-    """Each stage's row (its wall seconds; in its process: before training, training, of which
-    its epochs, after training; outside it: DVC) and the stages that trained in this command,
-    finished ({target: wall s}) for the price. The last stage is the cut one when dvc's status
-    says the timeout ended it, the failed one when it says otherwise."""
+    """Each stage's row of seconds, and the stages this command trained to the end ({target: wall s}, for the
+    price). A last stage that stopped reads as cut short or failed, by dvc's status."""
     from structinit.pipeline.scratch import TIMED_OUT
 
     rows, fresh = [], {}
@@ -251,10 +227,9 @@ def stage_table(stage_seconds: dict, started: dict, cells: dict, code: int, root
 
 
 def forced(root: Path, target: str, cells_of: dict, params: dict) -> tuple[str, ...]:
-    """`dvc repro`'s flags for one of the grid's stages: the analysis always runs (-f -s: its deps
-    are its code, so DVC would take it as up to date after the cells were retrained, and it is
-    cheap), and a main cell DVC holds up to date whose weights are not on this machine (a run
-    resumed on a fresh one: they are never committed) trains again (-f), so the analysis has them."""
+    """`dvc repro` flags for a grid stage: -f -s for the (cheap) analysis, which DVC would skip after a retrain as
+    its deps are its code; -f for an up-to-date main cell whose weights are not here (never committed), so the
+    analysis has them."""
     if target.startswith("analyze_gpu@"):
         return ("-f", "-s")
     if target in cells_of:
@@ -265,12 +240,8 @@ def forced(root: Path, target: str, cells_of: dict, params: dict) -> tuple[str, 
 
 
 def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) -> int:
-    """The GPU dataset's cells through DVC in `root` (docstring, --grid): the main grid's, one
-    stage (cell) at a time, the primary contrast's two first, then the data-size study's (not
-    with `main_only`: then only grid.gpu_datasets lists the dataset), each stage timed. timeout:
-    seconds for all of it (a stage still running then is ended; the finished ones stay). Returns
-    dvc's status. If it does not finish (an error, Ctrl-C, the timeout), params.yaml is written
-    back as it was: a frozen stage without its outputs would stop every later `dvc repro`."""
+    """--grid in `root`, a timed stage at a time; `timeout` bounds the whole (finished stages stay); returns dvc's
+    status. If it does not finish, params.yaml is restored: a frozen stage without outputs stops every `dvc repro`."""
     from structinit.pipeline.cells import main_cell, main_inits, main_stage, study_cell
     from structinit.pipeline.load import load_params
     from structinit.pipeline.scratch import TIMED_OUT, pipeline_env, run_dvc
@@ -288,10 +259,9 @@ def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) 
         listed = list_as_gpu_dataset(root / "params.yaml", ("grid.gpu_datasets",) if main_only else tuple(GPU_LISTS))
         params = load_params(root / "params.yaml")
         size = params["studies"]["data_size"]
-        # the primary contrast's cells first: a run cut short has the pair the paper's claim needs
+        # the primary pair first: a run cut short has what the paper's claim needs
         first = [i for i in (f"impulse{params['init']['kernel']}", "trunc_normal") if i in main_inits(params)]
         order = list(dict.fromkeys([*first, *main_inits(params)]))
-        # then its attention analysis, where the weights are (a compact file for git: analyze_gpu)
         groups = {"main grid": [main_stage("train", DATASET, init, params) for init in order],
                   "attention analysis": [f"analyze_gpu@{DATASET}"]}
         cells_of = {main_stage("train", DATASET, init, params): f"results/train/{main_cell(DATASET, init)}"

@@ -4,21 +4,14 @@
     python -m tools.quick --dry-run         # what it would run, and the time it expects; trains nothing
     python -m tools.quick --epochs 40 --seeds 0 1 2 --arms trunc_normal impulse3 -S data.train_size=0.5
 
-Copies the working tree (code and params.yaml; no results, reports, models or DVC lock: as
-if nothing had run) into a temporary folder (structinit/pipeline/scratch.py, the one way to run the pipeline
-in a scratch copy), writes a reduced budget into the copy's
-params.yaml (default: 30 epochs instead of the recipe's 160, with its 5 % warm-up; seeds 0
-and 1; the main grid's arms; the test set every epoch; every study off; the speed endpoint
-at half the budget), checks it as `check_params` would, and runs `dvc repro aggregate curves`
-there: the same stages, code and reports as `./run.sh repro`, on less. The committed results
-and reports in this repository stay as they are; the copy is deleted after (`--keep` keeps it).
+Copies the code and params.yaml, without results, models or dvc.lock, to a temporary folder
+(structinit/pipeline/scratch.py), sets a reduced budget there (30 of the recipe's 160 epochs, its 5 % warm-up
+share kept; seeds 0 and 1; the main grid's arms; the test set every epoch; studies off; the speed endpoint at half
+the budget), checks it as `check_params` would and runs `dvc repro aggregate curves`: the stages of
+`./run.sh repro`, on less. This repository's results stay as they are; the copy is deleted unless --keep.
 
-Prints what to expect first (when the arms leave chance, from the committed run's curves),
-then each stage as it starts, then what the run learned: each arm's test accuracy per epoch
-(a text curve and a table), each arm's final accuracy, the primary contrast at the last epoch
-and the speed endpoint (params.yaml contrasts.speed: test accuracy early in training), each
-with its paired interval. It is a quick look, not the result: 2 seeds and a fifth of the
-budget, so its intervals are wide and its accuracies are not the converged ones.
+Prints what to expect, each stage as it starts, then each arm's curve and final accuracy and both contrasts with
+paired intervals: a quick look, not the result (2 seeds, a fifth of the budget: wide intervals, no convergence).
 """
 from __future__ import annotations
 
@@ -39,21 +32,16 @@ REPO = scratch.REPO
 DATASET = "digits"
 EPOCHS = 30                       # of the recipe's 160: the curves leave the plateau before it ends
 SEEDS = [0, 1]
-SPEED_FRACTION = 0.5              # the speed endpoint at half the budget (the pipeline's 1/8 of 30
-                                  # epochs is epoch 4, inside the plateau where the arms all sit at chance)
+SPEED_FRACTION = 0.5              # not the pipeline's 1/8: of 30 epochs that is epoch 4, still at chance
 TARGETS = ("aggregate", "curves")
 STAGE = re.compile(r"Running stage '([^']+)'")
-CHANCE = 12.5                     # % test accuracy: 10 classes, so 8-12 % is chance
+CHANCE = 12.5                     # % test accuracy; with 10 classes, 8-12 % is chance
 BARS = "▁▂▃▄▅▆▇█"
 
 
-# ---- the reduced params -----------------------------------------------------------------------
-
 def quick_params(params: dict, epochs: int = EPOCHS, seeds: list[int] = SEEDS, arms: list[str] | None = None,
                  overrides: list[str] = ()) -> dict:
-    """params.yaml with the quick budget: `epochs` (the recipe's warm-up share kept), `seeds`,
-    `arms` (default: the main grid's), the test set every epoch, every study off, the speed
-    endpoint at SPEED_FRACTION; then `overrides` ("key.path=value", YAML values, as dvc exp run -S)."""
+    """params.yaml at the quick budget, then `overrides` ("key.path=value", YAML values, as dvc exp run -S)."""
     from structinit.pipeline import cells
 
     p = copy.deepcopy(dict(params))
@@ -111,8 +99,6 @@ def stage_names(p: dict) -> list[str]:
             + [cells.main_stage("train", d, i, p) for i in cells.main_inits(p)] + list(TARGETS))
 
 
-# ---- before: what to expect and how long -----------------------------------------------------
-
 def _label(init: str) -> str:
     from structinit.reporting.presentation import init_label
 
@@ -120,8 +106,7 @@ def _label(init: str) -> str:
 
 
 def expectation(curves_csv: Path, params: dict) -> str:
-    """When the arms leave chance in the committed run (reports/curves.csv), in words: what the
-    warm-up's first epochs look like, so that a short run at chance does not read as broken."""
+    """When the committed run's arms left chance (reports/curves.csv), so a short run at chance reads as working."""
     import pandas as pd
 
     if not curves_csv.exists():
@@ -158,8 +143,7 @@ def expectation(curves_csv: Path, params: dict) -> str:
 
 
 def fresh_repro_rate(fresh_repro_md: str, default: dict) -> float | None:
-    """Seconds per model-epoch of the committed run's training stages (benchmarks/fresh_repro.md's
-    train_baseline and train_impulse rows: seconds per run / (seeds x epochs))."""
+    """Seconds per model-epoch of the committed run's training stages, from benchmarks/fresh_repro.md."""
     rows = re.findall(r"^\|\s*train_(?:baseline|impulse)\s*\|\s*(\d+)\s*\|\s*([\d.]+)\s*\|", fresh_repro_md, re.M)
     if not rows:
         return None
@@ -170,9 +154,8 @@ def fresh_repro_rate(fresh_repro_md: str, default: dict) -> float | None:
 
 
 def estimate_seconds(p: dict, rate: float | None) -> float | None:
-    """The quick run's time on the committed run's CPU: every cell's model-epochs at `rate` (the
-    test set every epoch adds ~10 %), ~8 s start-up per stage, the reference solves (10,000 Adam
-    steps per seed, ~5 s each there)."""
+    """The quick run's seconds on the committed run's CPU: model-epochs at `rate`, +10 % for testing every
+    epoch, ~8 s start-up per stage, ~5 s per reference solve (10,000 Adam steps)."""
     if rate is None:
         return None
     from structinit.pipeline import cells
@@ -183,8 +166,6 @@ def estimate_seconds(p: dict, rate: float | None) -> float | None:
     stages = len(stage_names(p))
     return cells_n * seeds * epochs * rate * 1.1 + 8 * stages + 5 * seeds * len(p["grid"]["kernels"])
 
-
-# ---- the run ----------------------------------------------------------------------------------
 
 def run_pipeline(repo: Path, verbose: bool, log: Path) -> int:
     """`dvc repro aggregate curves` in the copy, printing each stage as it starts."""
@@ -204,8 +185,6 @@ def run_pipeline(repo: Path, verbose: bool, log: Path) -> int:
           f"  dvc repro failed (exit {code}) after {elapsed} s", flush=True)
     return code
 
-
-# ---- after: what it learned -------------------------------------------------------------------
 
 def sparkline(values: list[float]) -> str:
     """0-100 % as one bar per value."""

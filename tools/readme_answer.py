@@ -1,15 +1,11 @@
-"""The README's answer, generated from the files the pipeline wrote: what the primary contrast
-detected and could detect, where the structured init ranks among every arm, the speed endpoint
-from the seeds that test it, the pooled estimate (post hoc), the budget's verdict, and the main
-table. Not a pipeline stage: a refresher for the README, run after `dvc repro`.
+"""The README's answer, generated from the pipeline's outputs after `dvc repro` (a refresher, not a stage).
 
     python -m tools.readme_answer            # print it; exit 1 if the file or a page is stale
     python -m tools.readme_answer --write    # write docs/includes/readme_answer.md, refresh every page's blocks
 
-Every sentence is built from the verdicts and numbers in SOURCES, none typed: a re-run whose
-conclusions differ says so in other words. Post hoc looks (the primary at double the budget)
-stay in reports/headline.md, beside their caveats. `--write` also refreshes every page's include
-blocks (structinit/reporting/readme.py's PAGES).
+What the primary contrast detected and could detect, the structured init's rank, the speed endpoint from the
+seeds that test it, the pooled (post hoc) estimate, the budget's verdict and the main table, with no number typed
+(a re-run that concludes otherwise says so). Looks at double the budget stay in reports/headline.md, with their caveats.
 """
 from __future__ import annotations
 
@@ -42,7 +38,6 @@ ORDINALS = {1: "1st", 2: "2nd", 3: "3rd"}
 
 
 def arm_name(init: str, headline: str) -> str:
-    """The headline arm by what it is, every other arm by its table label."""
     if init == headline:
         return f"the structured init ({init_label(init)})"
     return init_label(init)
@@ -70,8 +65,7 @@ def _acc(x: float) -> str:
 
 
 def primary_sentence(dataset: str, final: dict, epochs: int, headline: str, detectable: str | None) -> str:
-    """The primary contrast at the budget: a null reads as "no difference detected", with what
-    the design could have detected."""
+    """The primary contrast at the budget; a null reads "no difference detected", with what the design detects."""
     a, b = arm_name(final["a"], headline), arm_name(final["b"], headline)
     numbers = (f"{_acc(final['mean_a'])} against {_acc(final['mean_b'])} at epoch {epochs}, "
                f"{_points(final['diff'])} points, {_interval(final)}, p = {final['p']:.2g}")
@@ -96,7 +90,6 @@ def band(rank: int, arms: int) -> str:
 
 
 def rank_sentence(runs: pd.DataFrame, headline: str, epochs: int, early: int | None, cpu_note: str) -> str:
-    """Where the headline arm ranks among every arm, at the budget and at the speed endpoint."""
     parts = []
     for column, at in (("acc", f"at epoch {epochs}"), ("speed_acc", f"at epoch {early}, the speed endpoint")):
         if column not in runs or runs[column].isna().all() or (column == "speed_acc" and early is None):
@@ -112,8 +105,7 @@ def rank_sentence(runs: pd.DataFrame, headline: str, epochs: int, early: int | N
 
 
 def speed_sentence(speed: dict | None, replication: dict | None, headline: str) -> str:
-    """The speed endpoint's verdict from the seeds that test it: the replication's new seeds. On
-    the seeds that fixed the endpoint it only describes (reports/main_table.md says why)."""
+    """The speed endpoint: tested on the replication's new seeds, described on those that fixed it (main_table.md)."""
     if speed is None:
         return ""
     early = int(speed["family"].rsplit("epoch", 1)[1])
@@ -235,7 +227,6 @@ def generate(read) -> str:
 
 
 def _reader(root: Path, committed: bool):
-    """Read a source as HEAD has it when `committed` (and HEAD has it), else the workspace's."""
     def read(path: str) -> str:
         if committed and (text := readme.committed_text(root, path)) is not None:
             return text
@@ -244,10 +235,8 @@ def _reader(root: Path, committed: bool):
 
 
 def stale(root: Path = REPO) -> list[str]:
-    """The answer file when it is not what its sources make it (the pages' include blocks are
-    readme.stale_blocks's). As there, a file as committed is checked against the sources as
-    committed (a re-run elsewhere leaves the committed README valid); an edited one against the
-    workspace's."""
+    """[OUT] if the answer file is not what its sources make it. As in readme.stale_blocks, a committed file is
+    checked against committed sources (a re-run elsewhere leaves it valid), an edited one against the workspace."""
     path = root / OUT
     text = path.read_text() if path.exists() else ""
     committed = readme.committed_text(root, OUT) == text
@@ -255,7 +244,6 @@ def stale(root: Path = REPO) -> list[str]:
 
 
 def write(root: Path = REPO) -> None:
-    """The answer file, then every page's include blocks (readme.PAGES) refreshed."""
     (root / OUT).parent.mkdir(parents=True, exist_ok=True)
     (root / OUT).write_text(generate(_reader(root, committed=False)))
     for page in readme.PAGES:
