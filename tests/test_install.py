@@ -33,8 +33,8 @@ CORE = ["structinit/__init__.py", "structinit/config.py", "structinit/distribute
 # imported by a core module, yet in the pipeline extra: only the digits dataset's loader reads
 # it (data/tensors.py, inside the function), and pyproject.toml says so
 CORE_EXCEPTIONS = {"sklearn"}
-PIPELINE_CODE = ["stages", "structinit/pipeline", "structinit/reporting", "structinit/evidence", "structinit/records.py",
-                 "benchmarks", "tools"]
+PIPELINE_CODE = ["stages", "structinit/pipeline", "structinit/reporting", "structinit/evidence",
+                 "structinit/records.py", "benchmarks", "tools"]
 
 
 def requirement_name(requirement: str) -> str:
