@@ -4,14 +4,12 @@
     python -m tools.quick --dry-run         # what it would run, and the time it expects; trains nothing
     python -m tools.quick --epochs 40 --seeds 0 1 2 --arms trunc_normal impulse3 -S data.train_size=0.5
 
-Copies the code and params.yaml, without results, models or dvc.lock, to a temporary folder
-(structinit/pipeline/scratch.py), sets a reduced budget there (30 of the recipe's 160 epochs, its 5 % warm-up
-share kept; seeds 0 and 1; the main grid's arms; the test set every epoch; studies off; the speed endpoint at half
-the budget), checks it as `check_params` would and runs `dvc repro aggregate curves`: the stages of
-`./run.sh repro`, on less. This repository's results stay as they are; the copy is deleted unless --keep.
-
-Prints what to expect, each stage as it starts, then each arm's curve and final accuracy and both contrasts with
-paired intervals: a quick look, not the result (2 seeds, a fifth of the budget: wide intervals, no convergence).
+In a temporary copy of the code and params.yaml without outputs (structinit/pipeline/scratch.py; deleted unless
+--keep; this repository's results stay as they are), sets a reduced budget (30 of the recipe's 160 epochs, its
+warm-up share kept; seeds 0 and 1; the main grid's arms; the test set every epoch; studies off; the speed endpoint
+at half the budget), checks it as `check_params` would and runs `dvc repro aggregate curves`: the stages of
+`./run.sh repro`, on less. Prints what to expect, each stage, each arm's curve and final accuracy and both
+contrasts with paired intervals: a quick look, not the result (2 seeds, a fifth of the budget: wide intervals).
 """
 from __future__ import annotations
 
@@ -24,9 +22,14 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import yaml
+from tabulate import tabulate
 
-from structinit.pipeline import scratch
+from structinit.pipeline import cells, scratch
+from structinit.pipeline.load import load_params
+from structinit.pipeline.params import ParamsError, validate_params
+from structinit.reporting.presentation import init_label
 
 REPO = scratch.REPO
 DATASET = "digits"
@@ -34,7 +37,6 @@ EPOCHS = 30                       # of the recipe's 160: the curves leave the pl
 SEEDS = [0, 1]
 SPEED_FRACTION = 0.5              # not the pipeline's 1/8: of 30 epochs that is epoch 4, still at chance
 TARGETS = ("aggregate", "curves")
-STAGE = re.compile(r"Running stage '([^']+)'")
 CHANCE = 12.5                     # % test accuracy; with 10 classes, 8-12 % is chance
 BARS = "▁▂▃▄▅▆▇█"
 
@@ -42,10 +44,8 @@ BARS = "▁▂▃▄▅▆▇█"
 def quick_params(params: dict, epochs: int = EPOCHS, seeds: list[int] = SEEDS, arms: list[str] | None = None,
                  overrides: list[str] = ()) -> dict:
     """params.yaml at the quick budget, then `overrides` ("key.path=value", YAML values, as dvc exp run -S)."""
-    from structinit.pipeline import cells
-
     p = copy.deepcopy(dict(params))
-    grid = p["grid"]
+    grid, studies = p["grid"], p["studies"]
     main = cells.main_inits(p)
     arms = list(arms or main)
     unknown = [a for a in arms if a not in main and cells.impulse_kernel(a) is None and a not in grid["baselines"]]
@@ -66,16 +66,16 @@ def quick_params(params: dict, epochs: int = EPOCHS, seeds: list[int] = SEEDS, a
         p["contrasts"]["speed"]["fraction"] = SPEED_FRACTION
     inits = grid["baselines"] + [cells.impulse_init(k) for k in kernels]
     for name in cells.STUDIES:                        # off, and consistent with the smaller grid
-        study = p["studies"][name]
+        study = studies[name]
         study["datasets"] = []
         study["seeds"] = [s for s in study["seeds"] if s in seeds] or list(seeds[:1])
         if "inits" in study:
             study["inits"] = [i for i in study["inits"] if i in inits] or inits[:1]
-    if p["studies"]["pseudo_input"]["kernel"] not in kernels:
-        p["studies"]["pseudo_input"]["kernel"] = kernels[0]
-    p["studies"]["regime"]["datasets"] = []
-    if "gpu" in p["studies"]["data_size"]:            # a GPU dataset's frozen cells are not this grid's
-        p["studies"]["data_size"]["gpu"]["datasets"] = []
+    if studies["pseudo_input"]["kernel"] not in kernels:
+        studies["pseudo_input"]["kernel"] = kernels[0]
+    studies["regime"]["datasets"] = []
+    if "gpu" in studies["data_size"]:                 # a GPU dataset's frozen cells are not this grid's
+        studies["data_size"]["gpu"]["datasets"] = []
     for item in overrides:
         key, _, raw = item.partition("=")
         if not _:
@@ -90,8 +90,6 @@ def quick_params(params: dict, epochs: int = EPOCHS, seeds: list[int] = SEEDS, a
 
 def stage_names(p: dict) -> list[str]:
     """The stages `dvc repro aggregate curves` runs in a fresh copy, in order."""
-    from structinit.pipeline import cells
-
     d = DATASET
     kernels = p["grid"]["kernels"]
     return (["check_params", f"download@{d}"] + [cells.solve_stage(d, k) for k in kernels]
@@ -99,16 +97,8 @@ def stage_names(p: dict) -> list[str]:
             + [cells.main_stage("train", d, i, p) for i in cells.main_inits(p)] + list(TARGETS))
 
 
-def _label(init: str) -> str:
-    from structinit.reporting.presentation import init_label
-
-    return init_label(init)
-
-
 def expectation(curves_csv: Path, params: dict) -> str:
     """When the committed run's arms left chance (reports/curves.csv), so a short run at chance reads as working."""
-    import pandas as pd
-
     if not curves_csv.exists():
         return ""
     t = pd.read_csv(curves_csv).dropna(subset=["test_acc"])
@@ -121,50 +111,36 @@ def expectation(curves_csv: Path, params: dict) -> str:
     flat = [i for i in mean.columns if i not in near]
     headline = f"impulse{params['init']['kernel']}"
     train = params["recipes"][DATASET]["train"]
-
-    def at_chance_until(init):
-        up = mean.index[mean[init] > CHANCE]
-        return int(mean.index[mean.index < up.min()].max()) if len(up) and up.min() > first else None
-
     lines = [f"What to expect. In the committed {train['epochs']}-epoch run (reports/curves.csv; warm-up "
              f"{train['warmup_epochs']} epochs), test accuracy at epoch {first} was near chance (10 classes: "
-             f"8-12 %) for " + (f"every arm but {', '.join(map(_label, flat))}" if flat else "every arm")
-             + f" ({', '.join(f'{_label(i)} {mean.loc[first, i]:.1f}' for i in near)} %)."]
+             f"8-12 %) for " + (f"every arm but {', '.join(map(init_label, flat))}" if flat else "every arm")
+             + f" ({', '.join(f'{init_label(i)} {mean.loc[first, i]:.1f}' for i in near)} %)."]
     for init in (headline, "trunc_normal"):
-        if init in mean.columns and (until := at_chance_until(init)) is not None:
+        up = mean.index[mean[init] > CHANCE] if init in mean.columns else []
+        if len(up) and up.min() > first:                    # at chance at first, above it later
+            until = int(mean.index[mean.index < up.min()].max())
             later = mean.index[mean.index > until]
-            step = int(later[min(1, len(later) - 1)]) if len(later) else until
-            lines.append(f"{_label(init)} stayed there until epoch {until} ({mean.loc[until, init]:.1f} %; "
+            step = int(later[min(1, len(later) - 1)])
+            lines.append(f"{init_label(init)} stayed there until epoch {until} ({mean.loc[until, init]:.1f} %; "
                          f"{mean.loc[step, init]:.1f} % at epoch {step}).")
     lines.append("With Adam's eps of 1e-3 the arms whose weights start small leave that plateau late, while "
                  "the warm-up ramps the learning rate up from 0: a run of a few epochs that shows "
-                 f"{_label(headline)} at 0.08-0.12 is working as the curves predict.")
+                 f"{init_label(headline)} at 0.08-0.12 is working as the curves predict.")
     return " ".join(lines)
 
 
-def fresh_repro_rate(fresh_repro_md: str, default: dict) -> float | None:
-    """Seconds per model-epoch of the committed run's training stages, from benchmarks/fresh_repro.md."""
+def estimate_seconds(p: dict, default: dict, fresh_repro_md: str) -> float | None:
+    """The quick run's seconds on the committed run's CPU: its model-epochs at the committed run's training rate
+    (benchmarks/fresh_repro.md), +10 % for testing every epoch, ~8 s start-up per stage, ~5 s per reference
+    solve (10,000 Adam steps)."""
     rows = re.findall(r"^\|\s*train_(?:baseline|impulse)\s*\|\s*(\d+)\s*\|\s*([\d.]+)\s*\|", fresh_repro_md, re.M)
     if not rows:
         return None
-    runs = sum(int(r) for r, _ in rows)
-    seconds = sum(float(s) for _, s in rows)
     per_run = default["recipes"][DATASET]["train"]["epochs"] * len(default["grid"]["seeds"])
-    return seconds / runs / per_run
-
-
-def estimate_seconds(p: dict, rate: float | None) -> float | None:
-    """The quick run's seconds on the committed run's CPU: model-epochs at `rate`, +10 % for testing every
-    epoch, ~8 s start-up per stage, ~5 s per reference solve (10,000 Adam steps)."""
-    if rate is None:
-        return None
-    from structinit.pipeline import cells
-
-    cells_n = len(cells.main_inits(p))
+    rate = sum(float(s) for _, s in rows) / sum(int(r) for r, _ in rows) / per_run      # s per model-epoch
     seeds = len(p["grid"]["seeds"])
-    epochs = p["recipes"][DATASET]["train"]["epochs"]
-    stages = len(stage_names(p))
-    return cells_n * seeds * epochs * rate * 1.1 + 8 * stages + 5 * seeds * len(p["grid"]["kernels"])
+    model_epochs = len(cells.main_inits(p)) * seeds * p["recipes"][DATASET]["train"]["epochs"]
+    return model_epochs * rate * 1.1 + 8 * len(stage_names(p)) + 5 * seeds * len(p["grid"]["kernels"])
 
 
 def run_pipeline(repo: Path, verbose: bool, log: Path) -> int:
@@ -176,7 +152,7 @@ def run_pipeline(repo: Path, verbose: bool, log: Path) -> int:
     def said(line: str) -> None:
         if verbose:
             print(line, end="", flush=True)
-        elif m := STAGE.search(line):
+        elif m := re.search(r"Running stage '([^']+)'", line):
             elapsed = int(time.monotonic() - start)
             print(f"  [{elapsed // 60:2d}:{elapsed % 60:02d}] {m[1]}", flush=True)
     code = scratch.run_dvc(repo, "repro", *TARGETS, env=env, on_line=said, log=log)
@@ -193,65 +169,44 @@ def sparkline(values: list[float]) -> str:
 
 def learned(repo: Path, p: dict) -> str:
     """The run's curves, final accuracies and contrasts, from the copy's reports."""
-    import pandas as pd
-    from tabulate import tabulate
-
-    from structinit.pipeline import cells
-
     inits = cells.main_inits(p)
     t = pd.read_csv(repo / "reports/curves.csv").dropna(subset=["test_acc"])
     mean = t.groupby(["init", "epoch"]).test_acc.mean().unstack("init").reindex(columns=inits)
     epochs = p["recipes"][DATASET]["train"]["epochs"]
-    seeds = p["grid"]["seeds"]
-    width = max(len(_label(i)) for i in inits)
-    out = [f"Test accuracy per epoch (%, mean over seeds {', '.join(map(str, seeds))}; each bar one epoch, "
-           f"from 0 to 100 %):", ""]
-    out += [f"  {_label(i):<{width}}  {sparkline(list(mean[i]))}  {mean[i].iloc[0]:5.1f} -> {mean[i].iloc[-1]:5.1f}"
-            for i in inits]
-    step = max(1, math.ceil(len(mean) / 15))
-    shown = mean.iloc[list(range(step - 1, len(mean), step)) + ([len(mean) - 1] if (len(mean) - step) % step else [])]
-    shown = shown[~shown.index.duplicated()]
+    width = max(len(init_label(i)) for i in inits)
+    out = [f"Test accuracy per epoch (%, mean over seeds {', '.join(map(str, p['grid']['seeds']))}; each bar one "
+           f"epoch, from 0 to 100 %):", ""]
+    out += [f"  {init_label(i):<{width}}  {sparkline(list(mean[i]))}  {mean[i].iloc[0]:5.1f} -> "
+            f"{mean[i].iloc[-1]:5.1f}" for i in inits]
+    step = max(1, math.ceil(len(mean) / 15))          # at most about 15 rows, the last epoch always
+    shown = mean.iloc[sorted({*range(step - 1, len(mean), step), len(mean) - 1})]
     out += ["", tabulate([[int(e), *[f"{v:.1f}" for v in row]] for e, row in shown.iterrows()],
-                         headers=["epoch", *map(_label, inits)], tablefmt="github", disable_numparse=True)]
+                         headers=["epoch", *map(init_label, inits)], tablefmt="github", disable_numparse=True)]
     summary = json.loads((repo / "reports/summary.json").read_text())[DATASET]
     final = t[t.epoch == t.epoch.max()]
     rows = []
     for i in inits:
         per_seed = final[final.init == i].sort_values("seed").test_acc
         arm = summary[i]
-        rows.append([_label(i), f"{arm['acc']:.2f}", f"[{arm['ci95_low']:.1f}, {arm['ci95_high']:.1f}]",
+        rows.append([init_label(i), f"{arm['acc']:.2f}", f"[{arm['ci95_low']:.1f}, {arm['ci95_high']:.1f}]",
                      ", ".join(f"{v:.1f}" for v in per_seed)])
     out += ["", f"Final test accuracy (%) at epoch {epochs}:", "",
-            tabulate(rows, headers=["arm", "mean", "95 % CI", "per seed"], tablefmt="github", disable_numparse=True)]
-    conclusions = json.loads((repo / "reports/conclusions/main_table.json").read_text())["conclusions"]
-    out.append("")
-    for c in conclusions:
+            tabulate(rows, headers=["arm", "mean", "95 % CI", "per seed"], tablefmt="github", disable_numparse=True),
+            ""]
+    for c in json.loads((repo / "reports/conclusions/main_table.json").read_text())["conclusions"]:
         if c["role"] != "primary":
             continue
-        speed = ", epoch" in c["family"]
+        a, b = init_label(c["a"]), init_label(c["b"])
         what = (f"Speed endpoint (contrasts.speed), test accuracy at epoch {c['family'].rsplit(' ', 1)[1]} of {epochs}"
-                if speed else f"Primary contrast, final test accuracy at epoch {epochs}")
+                if ", epoch" in c["family"] else f"Primary contrast, final test accuracy at epoch {epochs}")
         if math.isnan(c["p"]):
             verdict = "not testable (the paired differences have no spread)"
         else:
-            verdict = {">": f"{_label(c['a'])} ahead", "<": f"{_label(c['a'])} behind",
-                       "~": "not distinguishable from 0"}[c["verdict"]] + f" (p = {c['p']:.2g})"
-        out.append(f"{what}: {_label(c['a'])} - {_label(c['b'])} = {c['diff']:+.2f} points, 95 % CI "
-                   f"[{c['ci_low']:+.2f}, {c['ci_high']:+.2f}], n = {c['n']} paired: {verdict}")
+            verdict = {">": f"{a} ahead", "<": f"{a} behind", "~": "not distinguishable from 0"}[c["verdict"]]
+            verdict += f" (p = {c['p']:.2g})"
+        out.append(f"{what}: {a} - {b} = {c['diff']:+.2f} points, 95 % CI [{c['ci_low']:+.2f}, {c['ci_high']:+.2f}], "
+                   f"n = {c['n']} paired: {verdict}")
     return "\n".join(out)
-
-
-def _minutes(fresh_repro_md: str) -> str:
-    m = re.search(r"\*\*([\d.]+) min\*\*", fresh_repro_md)
-    return f"{float(m[1]):.0f} minutes" if m else "about an hour and a half"
-
-
-def banner(p: dict, default: dict, fresh_repro_md: str) -> str:
-    train = p["recipes"][DATASET]["train"]
-    full = default["recipes"][DATASET]["train"]["epochs"]
-    return (f"QUICK LOOK, NOT THE RESULT: {len(p['grid']['seeds'])} seeds and {train['epochs']} of the recipe's "
-            f"{full} epochs, so the accuracies are not converged and the intervals are wide. The result is the "
-            f"committed reports/main_table.md, or ./run.sh repro ({_minutes(fresh_repro_md)} on 2 CPU cores).")
 
 
 def main(argv=None):
@@ -265,55 +220,50 @@ def main(argv=None):
     ap.add_argument("--keep", action="store_true", help="keep the temporary copy (its path is printed)")
     ap.add_argument("--verbose", action="store_true", help="print DVC's and the stages' whole output")
     a = ap.parse_args(argv)
-    from structinit.pipeline.params import ParamsError, validate_params
-
-    from structinit.pipeline.load import load_params
-
     default = dict(load_params(REPO / "params.yaml"))
     try:
         p = quick_params(default, a.epochs, a.seeds, a.arms, a.set)
         validate_params(p, REPO)
     except (ValueError, ParamsError, KeyError) as e:
         sys.exit(f"quick: {e}")
-    fresh = (REPO / "benchmarks/fresh_repro.md").read_text() if (REPO / "benchmarks/fresh_repro.md").exists() else ""
+    fresh_md = REPO / "benchmarks/fresh_repro.md"
+    fresh = fresh_md.read_text() if fresh_md.exists() else ""
     train = p["recipes"][DATASET]["train"]
-    seconds = estimate_seconds(p, fresh_repro_rate(fresh, default))
-    from structinit.pipeline import cells
-
-    print(banner(p, default, fresh))
     speed = p["contrasts"].get("speed")
+    m = re.search(r"\*\*([\d.]+) min\*\*", fresh)
+    repro_time = f"{float(m[1]):.0f} minutes" if m else "about an hour and a half"
+    banner = (f"QUICK LOOK, NOT THE RESULT: {len(p['grid']['seeds'])} seeds and {train['epochs']} of the recipe's "
+              f"{default['recipes'][DATASET]['train']['epochs']} epochs, so the accuracies are not converged and "
+              f"the intervals are wide. The result is the committed reports/main_table.md, or ./run.sh repro "
+              f"({repro_time} on 2 CPU cores).")
+    print(banner)
     print(f"\nThe real pipeline (dvc repro {' '.join(TARGETS)}) on {DATASET}, in a temporary copy: {train['epochs']} "
           f"epochs (warm-up {train['warmup_epochs']:g}), seeds {p['grid']['seeds']}, the test set every epoch, "
-          f"arms {', '.join(map(_label, cells.main_inits(p)))}, studies off"
+          f"arms {', '.join(map(init_label, cells.main_inits(p)))}, studies off"
           + (f"; the speed endpoint at {speed['fraction']:g} of the budget." if speed else "."))
-    if seconds is not None:
+    if (seconds := estimate_seconds(p, default, fresh)) is not None:
         print(f"Expected: about {math.ceil(seconds / 60)} minutes on the committed run's CPU (2 cores, bf16; "
               "benchmarks/fresh_repro.md's training rate); a CPU without native bf16 takes up to about 1.6x that.")
-    print()
-    print(expectation(REPO / "reports/curves.csv", default))
+    print(f"\n{expectation(REPO / 'reports/curves.csv', default)}")
     if a.dry_run:
         print("\n--dry-run: the stages it would run, in a copy, with these params.yaml changes:")
-        for s in stage_names(p):
-            print(f"  {s}")
-        print(yaml.safe_dump({"grid": p["grid"], "init": p["init"], "contrasts": {"speed": p["contrasts"].get("speed")},
-                              f"recipes.{DATASET}.train": {k: train[k] for k in ("epochs", "warmup_epochs",
-                                                                                  "eval_every")}},
-                             sort_keys=False), end="")
+        print("\n".join(f"  {s}" for s in stage_names(p)))
+        changes = {"grid": p["grid"], "init": p["init"], "contrasts": {"speed": speed},
+                   f"recipes.{DATASET}.train": {k: train[k] for k in ("epochs", "warmup_epochs", "eval_every")}}
+        print(yaml.safe_dump(changes, sort_keys=False), end="")
         return 0
     with scratch.Scratch("quick", keep=a.keep) as s:
         repo = scratch.copy_working_tree(s.repo)          # as if nothing had run: no outputs
         (repo / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
         print(f"\nRunning in {repo} ...", flush=True)
-        code = run_pipeline(repo, a.verbose, s.root / "dvc.log")
+        log = s.root / "dvc.log"
+        code = run_pipeline(repo, a.verbose, log)
         if code:
-            print((s.root / "dvc.log").read_text()[-4000:], file=sys.stderr)
-            print(f"quick: dvc repro failed in the copy (its whole log: {s.root / 'dvc.log'}, kept)", file=sys.stderr)
+            print(log.read_text()[-4000:], file=sys.stderr)
+            print(f"quick: dvc repro failed in the copy (its whole log: {log}, kept)", file=sys.stderr)
             s.keep = True
             return code
-        print()
-        print(learned(repo, p))
-        print()
-        print(banner(p, default, fresh))
+        print(f"\n{learned(repo, p)}\n\n{banner}")
     return 0
 
 

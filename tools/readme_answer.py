@@ -34,17 +34,10 @@ SOURCES = ("reports/conclusions/main_table.json", "reports/summary.json", "repor
 DATASET_NAMES = {"digits": "8×8 digits", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "svhn": "SVHN",
                  "imagenet": "ImageNet-1K"}
 REFERENCE = "trunc_normal"
-ORDINALS = {1: "1st", 2: "2nd", 3: "3rd"}
 
 
 def arm_name(init: str, headline: str) -> str:
-    if init == headline:
-        return f"the structured init ({init_label(init)})"
-    return init_label(init)
-
-
-def row_label(init: str, headline: str) -> str:
-    return f"{init_label(init)} (the structured init)" if init == headline else init_label(init)
+    return f"the structured init ({init_label(init)})" if init == headline else init_label(init)
 
 
 def _points(x: float) -> str:
@@ -70,10 +63,9 @@ def primary_sentence(dataset: str, final: dict, epochs: int, headline: str, dete
     numbers = (f"{_acc(final['mean_a'])} against {_acc(final['mean_b'])} at epoch {epochs}, "
                f"{_points(final['diff'])} points, {_interval(final)}, p = {final['p']:.2g}")
     opening = f"On {DATASET_NAMES.get(dataset, dataset)} ({final['n']} seeds, paired; {epochs} epochs)"
-    if final["verdict"] == "~":
-        text = f"{opening}, no difference in final test accuracy was detected between {a} and {b}: {numbers}."
-    else:
-        text = f"{opening}, {a} ends {'higher' if final['verdict'] == '>' else 'lower'} than {b}: {numbers}."
+    found = (f"no difference in final test accuracy was detected between {a} and {b}" if final["verdict"] == "~"
+             else f"{a} ends {'higher' if final['verdict'] == '>' else 'lower'} than {b}")
+    text = f"{opening}, {found}: {numbers}."
     if detectable:
         text += (f" The design detects {detectable} points (80 % power, reports/headline.md); a smaller true "
                  "difference would likely go unseen.")
@@ -96,12 +88,10 @@ def rank_sentence(runs: pd.DataFrame, headline: str, epochs: int, early: int | N
             continue
         means = runs.groupby("init")[column].mean().sort_values(ascending=False)
         rank = list(means.index).index(headline) + 1
-        place = ORDINALS.get(rank, f"{rank}th")
+        place = {1: "1st", 2: "2nd", 3: "3rd"}.get(rank, f"{rank}th")
         parts.append(f"{band(rank, len(means))} {at} ({place} of {len(means)} here: {_acc(means[headline])}; "
                      f"{init_label(means.index[0])} first, {_acc(means.iloc[0])})")
-    if not parts:
-        return ""
-    return (f"Among every arm, {arm_name(headline, headline)} ranks " + " and ".join(parts) + ". " + cpu_note)
+    return f"Among every arm, {arm_name(headline, headline)} ranks {' and '.join(parts)}. {cpu_note}" if parts else ""
 
 
 def speed_sentence(speed: dict | None, replication: dict | None, headline: str) -> str:
@@ -109,6 +99,7 @@ def speed_sentence(speed: dict | None, replication: dict | None, headline: str) 
     if speed is None:
         return ""
     early = int(speed["family"].rsplit("epoch", 1)[1])
+    opening = f"Early learning (test accuracy at epoch {early}, params.yaml contrasts.speed) is"
     a, b = arm_name(speed["a"], headline), arm_name(speed["b"], headline)
     for r in (replication or {}).get("primary", []):
         if ((r["dataset"], r["a"], r["b"]) == (speed["family"], speed["a"], speed["b"])
@@ -116,14 +107,12 @@ def speed_sentence(speed: dict | None, replication: dict | None, headline: str) 
             new = r["replication"]
             found = {">": f"{a} is ahead of {b}", "<": f"{a} is behind {b}",
                      "~": f"no difference between {a} and {b} was detected"}[new["verdict"]]
-            seeds = _seed_span(new["seeds"])
-            return (f"Early learning (test accuracy at epoch {early}, params.yaml contrasts.speed) is tested on new "
-                    f"seeds only: on seeds {seeds}, {found}, {_points(new['diff'])} points, {_interval(new)}, "
-                    f"p = {new['p']:.2g} (results/evidence/replication/replication.md; trained on "
+            return (f"{opening} tested on new seeds only: on seeds {_seed_span(new['seeds'])}, {found}, "
+                    f"{_points(new['diff'])} points, {_interval(new)}, p = {new['p']:.2g} "
+                    "(results/evidence/replication/replication.md; trained on "
                     f"{replication['computed_on'].removeprefix('bf16 on ')}).")
-    return (f"Early learning (test accuracy at epoch {early}, params.yaml contrasts.speed) is not yet tested on new "
-            f"seeds (stage replication); on the seeds that fixed it, it describes: {a} − {b} "
-            f"{_points(speed['diff'])} points, {_interval(speed)}.")
+    return (f"{opening} not yet tested on new seeds (stage replication); on the seeds that fixed it, it describes: "
+            f"{a} − {b} {_points(speed['diff'])} points, {_interval(speed)}.")
 
 
 def pooled_sentence(final: dict, replication: dict | None, cpus: str) -> str:
@@ -134,8 +123,7 @@ def pooled_sentence(final: dict, replication: dict | None, cpus: str) -> str:
             return (f"Post hoc, over all {pooled['n']} seeds ({cpus} and seeds "
                     f"{_seed_span(r['replication']['seeds'])} from the replication on "
                     f"{replication['computed_on'].removeprefix('bf16 on ')}, pooled after both were seen): "
-                    f"{_points(pooled['diff'])} points, 95 % CI {_points(pooled['ci_low'])} to "
-                    f"{_points(pooled['ci_high'])}.")
+                    f"{_points(pooled['diff'])} points, {_interval(pooled)}.")
     return ""
 
 
@@ -143,15 +131,13 @@ def cpu_variation_note(text: str | None) -> str:
     """How far the hardware alone moves a run, from benchmarks/cpu_variation.md."""
     m = re.search(r"SD of a run's move between CPUs is ([\d.]+) points.*?differ with an SD of ([\d.]+) points",
                   text or "", re.S)
-    if not m:
-        return ""
     return (f"Another CPU moves a run about as much as another seed (SD {m[1]} against {m[2]} points, "
-            "benchmarks/cpu_variation.md), so read the rank by its words: the exact place can differ on another CPU.")
+            "benchmarks/cpu_variation.md), so read the rank by its words: the exact place can differ on another "
+            "CPU.") if m else ""
 
 
-def table(summary: dict, runs: pd.DataFrame, headline: str) -> str:
+def table(summary: dict, datasets: list[str], runs: pd.DataFrame, headline: str) -> str:
     """Each arm's mean ± std over its seeds (reports/cells.csv, rounded once) and its interval."""
-    datasets = [d for d in summary if isinstance(summary[d], dict) and "primary" in summary[d]]
     inits = [k for k in summary[datasets[0]] if k not in ("ours", "primary")]
     head = ["Method", *[f"{d}: this rebuild" for d in datasets], *(["95 % CI", "n"] if len(datasets) == 1 else [])]
     rows = []
@@ -168,7 +154,7 @@ def table(summary: dict, runs: pd.DataFrame, headline: str) -> str:
         if len(datasets) == 1:
             arm = summary[datasets[0]][init]
             cells += [f"[{arm['ci95_low']:.2f}, {arm['ci95_high']:.2f}]", str(arm["n"])]
-        rows.append([row_label(init, headline), *cells])
+        rows.append([f"{init_label(init)} (the structured init)" if init == headline else init_label(init), *cells])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
 
     def line(r):
@@ -207,11 +193,12 @@ def generate(read) -> str:
         speed = next((c for c in primaries if c["family"].startswith(f"{d}, epoch")), None)
         epochs = params["recipes"][d]["train"]["epochs"]
         early = int(speed["family"].rsplit("epoch", 1)[1]) if speed else None
-        seeds = sorted(runs[runs.dataset == d].seed.unique())
+        here = runs[runs.dataset == d]
+        seeds = sorted(here.seed.unique())
         cpu = yaml.safe_load(read(f"results/train/{main_cell(d, headline)}/seed{seeds[0]}/params.yaml")).get("cpu")
         cpus = f"seeds {_seed_span(seeds)} from the committed run on {cpu or 'an unrecorded CPU'}"
         paragraphs += [primary_sentence(d, final, epochs, headline, detectable.get(d)),
-                       rank_sentence(runs[runs.dataset == d], headline, epochs, early, cpu_note),
+                       rank_sentence(here, headline, epochs, early, cpu_note),
                        speed_sentence(speed, replication, headline),
                        pooled_sentence(final, replication, cpus)]
     budget = [line for line in headline_md.splitlines() if ": Epoch budget " in line]
@@ -222,7 +209,8 @@ def generate(read) -> str:
             "the first sentence tests. Post hoc looks (the primary at double the budget) are in reports/headline.md.")
     # the primary first, then the table (the README's first screen holds both), then the rest
     parts = [f"<!-- written by `python -m tools.readme_answer --write` from {', '.join(SOURCES)} -->",
-             *paragraphs[:1], table(summary, runs, headline), note, *[p for p in paragraphs[1:] if p], *budget]
+             *paragraphs[:1], table(summary, datasets, runs, headline), note,
+             *[p for p in paragraphs[1:] if p], *budget]
     return "\n\n".join(parts) + "\n"
 
 
