@@ -9,7 +9,7 @@ everything, every study included) and prints each stage family's count and secon
 wall time (last line: `wall: <seconds> s`). `--write FILE` also writes them as markdown with
 the commit, the CPU, the threads and each training stage's dtype (benchmarks/fresh_repro.md,
 which the README and docs quote). On a GPU machine `--out-dir benchmarks` writes
-benchmarks/fresh_repro-<card>-<commit>.md instead (tools/probe_file.py: the README's GPU minutes
+benchmarks/fresh_repro-<card>-<commit>.md instead (readme_gpu_default: the README's GPU minutes
 come from the newest complete one). `--deadline` ends dvc and its stages at that moment; the
 file then says the run was cut short.
 """
@@ -24,10 +24,51 @@ from pathlib import Path
 from tabulate import tabulate
 
 from structinit.pipeline import scratch
-from tools.probe_file import fresh_repro_name
+from tools.gpu_hours import PROBES, REPO, card_slug
 
 STAGE_LINE = re.compile(r"Running stage '([^']+)'")
 DTYPE_LINE = re.compile(r"training \d+ model\(s\) .* in (bf16|fp32)")   # trainer.py's announcement
+FRESH_GPU = "python -m benchmarks.fresh_repro --target '' --out-dir benchmarks"   # the command that times a GPU
+
+
+def fresh_repro_name(card: str, commit: str) -> str:
+    """Named as the probe's files (probe_name), with fresh_repro in front of the card."""
+    return f"fresh_repro-{card_slug(card)}-{commit}.md"
+
+
+def fresh_repro_files(folder: Path = PROBES) -> list[Path]:
+    """The GPU fresh-clone files (the CPU's fresh_repro.md is not one)."""
+    return sorted(folder.glob("fresh_repro-*.md"))
+
+
+def read_fresh_repro(path: str | Path) -> dict:
+    """A GPU fresh-clone file's card, commit, date (UTC) and minutes (None: the run was cut short,
+    its headline has no "**N min**")."""
+    text = Path(path).read_text()
+    card = re.search(r"^Machine: one (.+?) \(", text, re.M)
+    date = re.search(r"\bon (\d{4}-\d\d-\d\d \d\d:\d\d) UTC\b", text)
+    commit = re.search(r"in a fresh clone of `([0-9a-f]{4,40})`", text)
+    minutes = re.search(r"\*\*([\d.]+) min\*\*", text.split("\n", 1)[0])
+    return {"card": card[1] if card else None, "date": date[1] if date else "", "commit": commit[1] if commit else None,
+            "minutes": float(minutes[1]) if minutes else None}
+
+
+def gpu_default_run(folder: Path = PROBES) -> tuple[Path, dict] | None:
+    """The newest (by its date) complete GPU fresh-clone file with its figures; None where there is none."""
+    runs = [(path, read_fresh_repro(path)) for path in fresh_repro_files(folder)]
+    runs = [(path, run) for path, run in runs if run["minutes"] is not None and run["card"]]
+    return max(runs, key=lambda r: (r[1]["date"], r[0].name)) if runs else None
+
+
+def readme_gpu_default(folder: Path = PROBES) -> str:
+    """The README's sentence on the default's `dvc repro` on a GPU (without its closing period)."""
+    found = gpu_default_run(folder)
+    if found is None:
+        return f"The default's `dvc repro` on a GPU has not been timed yet by `{FRESH_GPU}`"
+    path, run = found
+    where = path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else path.name
+    return (f"The default's `dvc repro` from a fresh clone took {run['minutes']:.1f} minutes on one "
+            f"{run['card']} (`{where}`)")
 
 
 def timed_repro(repo: Path, target: str, timeout: float | None = None

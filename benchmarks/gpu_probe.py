@@ -36,9 +36,8 @@ from structinit.data.specs import get_spec
 from structinit.data.tensors import stratified_subset, synthetic_data
 from structinit.pipeline.build import CellModel, build_cell_model, build_model
 from structinit.pipeline.load import load_params
-from tools.gpu_hours import (ESTIMATE_ROW, FLOPS_ROW, PEAK_ROW, RATE_ROW, STACK_ROW, TINY_LABEL,
-                             count_train_flops)
-from tools.probe_file import PROBES, probe_name
+from tools.gpu_hours import (ESTIMATE_ROW, FLOPS_ROW, PEAK_ROW, PROBES, RATE_ROW, STACK_ROW, TINY_LABEL,
+                             count_train_flops, probe_name)
 
 REPO = Path(__file__).resolve().parents[1]
 GiB = 2 ** 30

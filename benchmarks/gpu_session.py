@@ -269,7 +269,7 @@ def adopt(returned: Path, root: Path = REPO) -> int:
     m = re.match(r"# GPU window: (.+), commit (\w+)", head)
     if not m:
         raise SystemExit(f"error: {returned / 'window.md'} does not start with '# GPU window: <card>, commit <c>'")
-    from tools.probe_file import card_slug          # here, not on the GPU: the packages are installed
+    from tools.gpu_hours import card_slug          # here, not on the GPU: the packages are installed
 
     records = root / f"benchmarks/gpu_window-{card_slug(m[1])}-{m[2]}"
     budget = root / "results/evidence/fashion_mnist_budget"

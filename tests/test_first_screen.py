@@ -11,7 +11,7 @@ generated into it or checked here against the file it comes from.
   and so are the include blocks of the docs pages structinit/reporting/readme.py does not cover.
 - Every number in the README outside its include blocks is either a checked phrase below (the
   phrase is in the README and agrees with its file) or a name or parameter (ALLOWED). The
-  default's time on a GPU is one: tools/probe_file.py's readme_gpu_default, built from the GPU
+  default's time on a GPU is one: benchmarks/fresh_repro.py's readme_gpu_default, built from the GPU
   fresh-clone files (benchmarks/fresh_repro-<card>-<commit>.md), or saying none exists.
 - A licence and a citation file exist and cite the paper.
 """
@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from tools import quick, readme_answer
-from tools.gpu_hours import read_probe
-from tools.probe_file import PRICED, readme_gpu_default
+from benchmarks.fresh_repro import readme_gpu_default
+from tools.gpu_hours import PRICED, read_probe
 from structinit.reporting import readme
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def fresh_repro_minutes() -> float:
     return float(re.search(r"\*\*([\d.]+) min\*\*", text("benchmarks/fresh_repro.md"))[1])
 
 
-# The GPU figures the README states come from the priced probe file (tools/probe_file.py's PRICED)
+# The GPU figures the README states come from the priced probe file (tools/gpu_hours.py's PRICED)
 # and from the table gpu_hours writes from it (docs/includes/gpu_hours.md, which
 # tests/test_gpu_hours.py holds to the file): each phrase below is built from them, none typed.
 PROBE = read_probe(PRICED)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import fresh_repro
-from tools.probe_file import (FRESH_GPU, fresh_repro_files, fresh_repro_name, gpu_default_run, read_fresh_repro,
-                              readme_gpu_default)
+from benchmarks.fresh_repro import (FRESH_GPU, fresh_repro_files, fresh_repro_name, gpu_default_run,
+                                    read_fresh_repro, readme_gpu_default)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,7 +66,7 @@ GPU = {"cpu": "AMD EPYC", "cpu_id": "cpu family 25, model 17", "cores": 16, "cud
 
 def test_a_gpu_run_writes_its_own_file_per_card_and_commit(tmp_path):
     """--out-dir: the file's name from the card torch sees and the clone's commit; its headline
-    minutes, card, commit and date read back as tools/probe_file.py reads them; no GPU: refused."""
+    minutes, card, commit and date read back as readme_gpu_default reads them; no GPU: refused."""
     path = fresh_repro.out_file(tmp_path, "NVIDIA H200", "abc1234")
     assert path == tmp_path / "fresh_repro-h200-abc1234.md" == tmp_path / fresh_repro_name("NVIDIA H200", "abc1234")
     assert fresh_repro_name("NVIDIA H100 80GB HBM3", "4380d9d") == "fresh_repro-h100-80gb-hbm3-4380d9d.md"

@@ -19,8 +19,7 @@ import structinit as si
 from structinit.config import FILTER_MODES
 from structinit.pipeline.load import load_params
 from tools import gpu_hours
-from tools.gpu_hours import RATE_ROW, ProbeFileError, conv_backward_flops, count_train_flops, read_probe
-from tools.probe_file import PRICED
+from tools.gpu_hours import PRICED, RATE_ROW, ProbeFileError, conv_backward_flops, count_train_flops, read_probe
 
 REPO = Path(__file__).resolve().parents[1]
 RELATIVE = 1e-2

@@ -1,6 +1,6 @@
 """benchmarks/gpu_probe.py: the --tiny run (toy sizes, on the CPU) writes every part of the probe
 file with numbers in it, and every committed probe file (benchmarks/gpu_probe-<card>-<commit>.md,
-one per GPU run; tools/probe_file.py's PRICED is the one tools/gpu_hours.py prices from) parses
+one per GPU run; tools/gpu_hours.py's PRICED is the one it prices from) parses
 as gpu_hours reads it and names its card, torch and commit."""
 import os
 import re
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.gpu_probe import SECTIONS
-from tools.gpu_hours import RATE_ROW, STACK_ROW, TINY_LABEL, number, read_probe, table_rows
-from tools.probe_file import PRICED, probe_files, probe_name
+from tools.gpu_hours import (PRICED, RATE_ROW, STACK_ROW, TINY_LABEL, number, probe_files, probe_name, read_probe,
+                             table_rows)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,9 +7,7 @@
     fashion_mnist  Fashion-MNIST on a GPU: its budget at B and 2B, and its grid through DVC
     gpu_hours      the paper's grid priced in GPU-hours from the priced probe file (docs/includes/gpu_hours.md)
 
-and what they share: probe_file
-(the GPU runs' files: their names, the one gpu_hours prices from, the README's GPU minutes). The
-measurements themselves (times, rates, a fresh clone's run) are benchmarks/; a benchmark may
+The measurements themselves (times, rates, a fresh clone's run) are benchmarks/; a benchmark may
 import a tool, a tool never imports a benchmark (tests/test_import_graph.py checks it, and that
 no import cycle exists).
 """

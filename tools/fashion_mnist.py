@@ -38,7 +38,7 @@ import pandas as pd
 import torch
 from tabulate import tabulate
 
-from tools.probe_file import card_slug
+from tools.gpu_hours import card_slug
 
 REPO = Path(__file__).resolve().parents[1]
 DATASET = "fashion_mnist"

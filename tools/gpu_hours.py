@@ -1,6 +1,8 @@
 """GPU-hours of the paper's grid: FLOPs per training image, counted on the pipeline's own models, x images x
-epochs, at the ViT-T/2 rate a GPU probe file measured (tools/probe_file.py's PRICED, or --probe; a --tiny
-run's file is refused). --write writes docs/includes/gpu_hours.md, which docs/scaling-out.md quotes.
+epochs, at the ViT-T/2 rate a GPU probe file measured (PRICED, or --probe; a --tiny run's file is refused).
+--write writes docs/includes/gpu_hours.md, which docs/scaling-out.md quotes. The probe files are
+benchmarks/gpu_probe-<card>-<commit>.md (probe_name), one per GPU run of benchmarks/gpu_probe.py; to price
+from a newer one, name it in PRICED and run --write.
 
     python -m tools.gpu_hours [--probe benchmarks/gpu_probe-<card>-<commit>.md] [--write]
 """
@@ -23,8 +25,10 @@ from structinit.pipeline.cells import main_inits
 from structinit.pipeline.load import load_params
 from structinit.reporting.paper import HEADS_WIDTH_INITS, MAIN as PAPER_MAIN
 from structinit.reporting.presentation import init_label
-from tools.probe_file import PRICED, REPO
 
+REPO = Path(__file__).resolve().parents[1]
+PROBES = REPO / "benchmarks"                           # where the committed GPU files live
+PRICED = PROBES / "gpu_probe-h200-02d9857.md"          # the measurement the grid is priced from
 SEEDS, STUDY_SEEDS = 5, 3      # per main-table cell (the pipeline's default) and per study cell
 DECODE = 1000                  # assumed: ImageNet's JPEG-decoded img/s per GPU (the official command's 10 workers)
 OUT = "docs/includes/gpu_hours.md"
@@ -35,6 +39,20 @@ FLOPS_ROW = "FLOPs per training image, GFLOP"
 PEAK_ROW = "peak memory (torch.cuda.max_memory_allocated), GiB"
 ESTIMATE_ROW = "memory estimate the trainer printed, GiB"
 STACK_ROW = "the project's trainer, stack of"   # ... N
+
+
+def card_slug(card: str) -> str:
+    """A card's name (as torch gives it) in a file name: lower case, dashed, without "NVIDIA"."""
+    return re.sub(r"[^a-z0-9]+", "-", card.lower()).strip("-").removeprefix("nvidia-")
+
+
+def probe_name(card: str, commit: str) -> str:
+    """"NVIDIA H200", "02d9857" -> gpu_probe-h200-02d9857.md."""
+    return f"gpu_probe-{card_slug(card)}-{commit}.md"
+
+
+def probe_files(folder: Path = PROBES) -> list[Path]:
+    return sorted(folder.glob("gpu_probe-*.md"))
 
 
 class ProbeFileError(ValueError):
@@ -175,7 +193,7 @@ def report(params, probe: dict) -> str:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--probe", default=PRICED, help="the probe file to price from (default: tools/probe_file.py's)")
+    ap.add_argument("--probe", default=PRICED, help="the probe file to price from (default: PRICED)")
     ap.add_argument("--write", action="store_true", help=f"also write {OUT}")
     a = ap.parse_args()
     try:
