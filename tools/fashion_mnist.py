@@ -38,6 +38,7 @@ import pandas as pd
 import torch
 from tabulate import tabulate
 
+from structinit.data.specs import TRAIN_IMAGES
 from tools.gpu_hours import card_slug
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,10 +53,12 @@ def arms(params) -> list[str]:
     return [*params["grid"]["baselines"], *(f"impulse{k}" for k in params["grid"]["kernels"])]
 
 
-def primary_first(params) -> list[str]:
-    """The main grid's arms, the primary pair first, so a run cut short has what the paper's claim needs."""
-    first = [i for i in (f"impulse{params['init']['kernel']}", "trunc_normal") if i in arms(params)]
-    return list(dict.fromkeys([*first, *arms(params)]))
+def primary_first(params, inits: list[str] | None = None) -> list[str]:
+    """`inits` (default: the budget's arms), the primary pair first, so a run cut short has what the paper's
+    claim needs."""
+    inits = arms(params) if inits is None else inits
+    first = [i for i in (f"impulse{params['init']['kernel']}", "trunc_normal") if i in inits]
+    return list(dict.fromkeys([*first, *inits]))
 
 
 def machine(device: torch.device, root: Path = REPO) -> dict:
@@ -121,21 +124,16 @@ def write_report(out: Path, curves: pd.DataFrame, seconds: dict, info: dict, rec
               tabulate([[f"{b} epochs", f"{seconds[b]:.0f}"] for b in budgets if b in seconds],
                        headers=["budget", "wall s"], tablefmt="github"), ""]
     if B in seconds and n_train:
-        grid = seconds[B] * (rec_train_images(tiny) / n_train)
+        images = TINY["train"] + TINY["validation"] if tiny else TRAIN_IMAGES[DATASET]    # what a cell trains on
+        grid = seconds[B] * images / n_train
         lines += [f"The main grid's cells at {B} epochs on this {info['card']}: about **{grid / 60:.1f} min** "
-                  f"(the {B}-epoch run's seconds x {rec_train_images(tiny):,}/{n_train:,} training images; the "
+                  f"(the {B}-epoch run's seconds x {images:,}/{n_train:,} training images; the "
                   "stages evaluate every epoch on the 10,000 test images, this run every tenth of the budget on "
                   "its validation split), plus the stages' start-ups (one per cell, and download, preoptimize, "
                   "the reports).", ""]
     text = "\n".join(lines)
     (out / "epochs.md").write_text(text)
     return text
-
-
-def rec_train_images(tiny: bool) -> int:
-    from structinit.data.specs import TRAIN_IMAGES
-
-    return TINY["train"] + TINY["validation"] if tiny else TRAIN_IMAGES[DATASET]
 
 
 # the two lists a GPU dataset joins: its main cells' and its data-size study's, each `[]` until then
@@ -259,9 +257,7 @@ def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) 
         listed = list_as_gpu_dataset(root / "params.yaml", ("grid.gpu_datasets",) if main_only else tuple(GPU_LISTS))
         params = load_params(root / "params.yaml")
         size = params["studies"]["data_size"]
-        # the primary pair first: a run cut short has what the paper's claim needs
-        first = [i for i in (f"impulse{params['init']['kernel']}", "trunc_normal") if i in main_inits(params)]
-        order = list(dict.fromkeys([*first, *main_inits(params)]))
+        order = primary_first(params, main_inits(params))
         groups = {"main grid": [main_stage("train", DATASET, init, params) for init in order],
                   "attention analysis": [f"analyze_gpu@{DATASET}"]}
         cells_of = {main_stage("train", DATASET, init, params): f"results/train/{main_cell(DATASET, init)}"
