@@ -36,7 +36,7 @@ def echo(line: str) -> None:
 def uncommitted_changes(cwd: Path | None = None, outputs: tuple[str, ...] = ()) -> bool:
     """Whether the checkout differs from its commit in a tracked file other than dvc.yaml and
     `outputs` (paths from the checkout's top): running this stage as documented (docs/studies.md)
-    unfreezes it in dvc.yaml, which is written from dvc.template.yaml, and DVC removes the stage's
+    unfreezes it in dvc.yaml, which `git checkout dvc.yaml` restores, and DVC removes the stage's
     committed outputs before it runs; neither changes what ran."""
     spec = [":(top)", ":(top,exclude)dvc.yaml", *(f":(top,exclude){o}" for o in outputs)]
     return bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *spec], cwd=cwd,

@@ -37,9 +37,9 @@ class Evidence:
     @property
     def command(self) -> str:
         """How to run a frozen stage on purpose (DVC never runs a frozen stage, -f included:
-        unfreeze it, force it, then regenerate dvc.yaml, which restores `frozen: true`)."""
-        return (f"./run.sh dvc unfreeze {self.name} && ./run.sh dvc repro -f -s {self.name}; "
-                "./run.sh python -m structinit.pipeline.dvc_yaml --write")
+        unfreeze it, force it, then check out the committed dvc.yaml, which restores `frozen: true`
+        and the file as written: DVC's unfreeze rewrites all of it)."""
+        return f"./run.sh dvc unfreeze {self.name} && ./run.sh dvc repro -f -s {self.name}; git checkout dvc.yaml"
 
 
 EVIDENCE = {e.name: e for e in (

@@ -1,26 +1,113 @@
-"""dvc.yaml against the code (dvc.yaml is generated from dvc.template.yaml by
-structinit/pipeline/dvc_yaml.py, whose import closure these tests use and test): every stage's
-deps cover every project module its script imports (a module edit that DVC would not notice leaves
-stale results) and no other code (an edit there would re-run the stage for nothing: a training
-cell for hours), and the matrix stages' output folders are the cell names
-structinit/pipeline/cells.py gives (the one home of cell names)."""
+"""dvc.yaml against the code. dvc.yaml is written by hand, its code deps listed by concern (the
+stage script, the core modules, the packages whose code makes its outputs, an initializer's own file
+for its own cells): every stage's deps cover every project module its script imports (a module
+edit that DVC would not notice leaves stale results), a cell's initializer files are its own, and
+the matrix stages' output folders are the cell names structinit/pipeline/cells.py gives (the one
+home of cell names). The import closure that defines "imports" is here, read from the code."""
 import ast
+import functools
 import importlib
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from dvc.dependency.param import ParamsDependency
 
+import structinit
 from structinit.pipeline.initializers import SHIPPED
-from structinit.pipeline import dvc_yaml
-from structinit.pipeline.dvc_yaml import PACKAGES, import_closure, imported_modules
 from structinit.pipeline import cells
 
 REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("stages", "structinit", "benchmarks", "tools")
+
+
+# ---- a stage script's import closure: what its deps must cover -------------------------------
+
+def module_file(name: str) -> Path | None:
+    """A project module's file (package: its __init__.py); None outside the project."""
+    if name.split(".")[0] not in PACKAGES:
+        return None
+    base = REPO / Path(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.exists():
+            return path
+    return None
+
+
+@functools.cache
+def lazy_exports(package: str) -> dict[str, str]:
+    """A project package's PEP 562 exports, {name: defining module}: the dict literal
+    `LAZY_EXPORTS` of its __init__.py (structinit, structinit.models), read without importing."""
+    path = module_file(package)
+    if path is None or path.name != "__init__.py":
+        return {}
+    for node in ast.parse(path.read_text()).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and target.id == "LAZY_EXPORTS":
+            return ast.literal_eval(node.value)
+    return {}
+
+
+def imported_modules(path: Path, name: str) -> set[str]:
+    """Every module an `import` anywhere in the file names (function-level imports included:
+    they run when the stage runs; `if TYPE_CHECKING:` blocks excluded: they never run),
+    resolved to project module names, and every module that a package's lazy loader imports
+    for a name imported from it (`from structinit.models import create_vit`) or, for the
+    structinit package, an attribute of it (`si.get_spec`, `structinit.reporting.tables.x`)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            node.body = []
+    out, package_names = set(), set()       # package_names: local names bound to structinit
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+            package_names |= {a.asname or "structinit" for a in node.names
+                              if a.name == "structinit" or (a.name.startswith("structinit.") and not a.asname)}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                base = node.module
+            out.add(base)
+            for alias in node.names:
+                if module_file(f"{base}.{alias.name}"):                # `from pkg import module`
+                    out.add(f"{base}.{alias.name}")
+                elif alias.name in (lazy := lazy_exports(base)):        # a lazy export
+                    out.add(lazy[alias.name])
+    for node in ast.walk(tree):             # structinit.__getattr__ imports on attribute access
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in package_names:
+            if node.attr in structinit.LAZY_EXPORTS:
+                out.add(structinit.LAZY_EXPORTS[node.attr])
+            elif module_file(f"structinit.{node.attr}"):
+                out.add(f"structinit.{node.attr}")
+    return out
+
+
+def import_closure(module: str) -> set[str]:
+    """The files (repository paths) of `module` and of every project module it imports,
+    transitively, with the __init__.py of every package on the way (importing a.b runs
+    a/__init__.py first)."""
+    seen, todo, files = set(), [module], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]    # parent packages
+        path = module_file(name)
+        if path is None:
+            continue
+        files.add(path.relative_to(REPO).as_posix())
+        todo += [m for m in imported_modules(path, name) if module_file(m)]
+    return files
+
 
 
 def resolved_stages(root: Path = REPO) -> dict:
@@ -51,13 +138,24 @@ def is_code(dep: str) -> bool:
     return dep.split("/")[0] in PACKAGES and (dep.endswith(".py") or "." not in Path(dep).name)
 
 
+def concern(path: str) -> str:
+    """The package a code path belongs to: stages, structinit (its top-level modules) or
+    structinit/<package> (structinit/init/methods/x.py: structinit/init)."""
+    path = path.rstrip("/")
+    folder = str(Path(path).parent) if path.endswith(".py") else path
+    parts = folder.split("/")
+    return "/".join(parts[:2]) if parts[0] == "structinit" else parts[0]
+
+
 def deps_problems(deps: list[str], needed: set[str]) -> tuple[list[str], list[str]]:
     """(missing, unused): the needed files no dep covers (a dep is a file or a folder), and the
-    project-code deps that cover no needed file (data deps are not code: never unused)."""
+    project-code deps outside every package the stage's code is in (a twin's script, a package's
+    other modules are its concern; a package it never imports is not). Data deps are not code."""
     deps = [d.rstrip("/") for d in deps]
     missing = sorted(f for f in needed if not any(f == d or f.startswith(d + "/") for d in deps))
-    code = [d for d in deps if is_code(d)]
-    unused = sorted(d for d in code if not any(f == d or f.startswith(d + "/") for f in needed))
+    concerns = {concern(f) for f in needed}
+    unused = sorted(d for d in deps if is_code(d) and concern(d) not in concerns
+                    and not any(f.startswith(d + "/") for f in needed))
     return missing, unused
 
 
@@ -93,7 +191,7 @@ def needed_code(stage, params: dict | None = None) -> set[str]:
     return needed
 
 
-def test_every_stage_depends_on_exactly_the_code_its_script_imports(stages):
+def test_every_stage_depends_on_the_code_its_script_imports_and_only_its_concerns(stages):
     problems = []
     for name, stage in stages.items():
         missing, unused = deps_problems([d.def_path for d in stage.deps], needed_code(stage))
@@ -111,8 +209,8 @@ def test_a_cell_depends_on_its_own_initializer_file_and_no_other(stages):
     for name, stage in stages.items():
         deps = {d.def_path.rstrip("/") for d in stage.deps}
         own = {d for d in deps if d.startswith(methods + "/") and d != methods + "/__init__.py"}
-        if name == "check_params":          # it lists them all; its output never changes
-            assert methods in deps
+        if name == "check_params":          # all of structinit: its output never changes
+            assert "structinit" in deps
             continue
         assert methods not in deps, name
         init = re.search(r"--init (\S+)", stage.cmd)
@@ -140,14 +238,18 @@ def test_the_closure_sees_function_level_imports_and_leaves_out_what_training_ne
 
 
 def test_deps_problems_reports_a_removed_module_and_an_extra_one(stages):
-    # the check above can fail: a dep dropped from a real stage is missing, an extra module unused
-    deps = [d.def_path for d in stages["check_params"].deps]
-    needed = needed_code(stages["check_params"])
+    # the check above can fail: a dep dropped from a real stage is missing, another package's
+    # module or folder is unused; a module of a package the stage imports is its concern
+    stage = stages["train_baseline@digits-trunc_normal"]
+    deps, needed = [d.def_path for d in stage.deps], needed_code(stage)
     assert deps_problems(deps, needed) == ([], [])
     assert deps_problems([d for d in deps if d != "structinit/io.py"], needed) == (["structinit/io.py"], [])
+    gone = [d for d in deps if d != "structinit/models"]                        # a folder dep
+    assert deps_problems(gone, needed)[0] == sorted(f for f in needed if f.startswith("structinit/models/"))
     extra = "structinit/reporting/tables.py"
     assert deps_problems(deps + [extra, "results/train"], needed) == ([], [extra])
     assert deps_problems(deps + ["structinit/analysis"], needed) == ([], ["structinit/analysis"])   # a folder dep
+    assert deps_problems(deps + ["stages/curves.py", "structinit/records.py"], needed) == ([], [])
 
 
 def test_the_closure_sees_structinit_attribute_access(tmp_path):
@@ -164,8 +266,6 @@ def test_the_closure_sees_structinit_attribute_access(tmp_path):
 def test_every_lazy_package_declares_what_it_loads():
     # imported_modules reads a package's LAZY_EXPORTS literal: a package whose __getattr__ loads
     # names without one (or with one that disagrees with what it loads) would hide imports from it
-    from structinit.pipeline.dvc_yaml import lazy_exports
-
     lazy = {p.relative_to(REPO).parent.as_posix().replace("/", ".") for pkg in PACKAGES
             for p in (REPO / pkg).rglob("__init__.py")
             if any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in ast.parse(p.read_text()).body)}
@@ -179,8 +279,6 @@ def test_every_lazy_package_declares_what_it_loads():
 
 
 def test_a_name_from_a_lazy_package_is_a_dependency_on_its_module(tmp_path):
-    from structinit.pipeline.dvc_yaml import imported_modules
-
     f = tmp_path / "user.py"
     f.write_text("from structinit.models import create_convmixer\nimport structinit as si\nsi.create_vit\n")
     got = imported_modules(f, "user")
@@ -229,54 +327,6 @@ def test_no_cached_output_is_tracked_by_git(stages):
     assert cached and tracked == [], f"DVC-cached outputs tracked by git: {tracked} (git rm --cached them)"
 
 
-# ---- keeping dvc.yaml in step: python tests/test_dvc_deps.py --write ------------------------
-
-def code_deps(script: str) -> list[str]:
-    """A stage script's code deps: its import closure, a folder where the closure holds every
-    module in it (structinit/init, structinit/models: a new file there is seen too)."""
-    closure = import_closure(script)
-    folders = sorted({str(Path(f).parent) for f in closure if f.startswith("structinit/")})
-    whole = [d for d in folders if d.count("/") == 1 and d not in ("structinit",)
-             and all(p.relative_to(REPO).as_posix() in closure for p in (REPO / d).rglob("*.py"))]
-    whole = [d for d in whole if d in ("structinit/init", "structinit/models")]
-    files = sorted(f for f in closure if not any(f.startswith(d + "/") for d in whole))
-    return sorted(files, key=lambda f: (not f.startswith("stages/"), f)) + whole
-
-
-def write_code_deps(path: Path = REPO / "dvc.yaml") -> None:
-    """Rewrite each stage's code deps (stages/, structinit/ entries) in dvc.yaml from its
-    script's imports; data deps, comments and anchors stay as they are."""
-    lines, out, script, i = path.read_text().splitlines(), [], None, 0
-    while i < len(lines):
-        line = lines[i]
-        if re.match(r"^  \w+:", line):
-            script = None
-        if m := re.search(r"python -m (stages\.\w+)", line):
-            script = m[1]
-        out.append(line)
-        if re.match(r"^ +deps:( &\w+)?$", line) and script:
-            indent = re.match(r"^( *)", lines[i + 1])[1]
-            j = i + 1
-            data = []
-            while j < len(lines) and lines[j].startswith(indent + "- "):
-                if not is_code(lines[j].strip()[2:].split("#")[0].strip()):
-                    data.append(lines[j])          # data deps stay, results/evidence/* included
-                j += 1
-            out += [f"{indent}- {d}" for d in code_deps(script)] + data
-            i = j
-            continue
-        i += 1
-    path.write_text("\n".join(out) + "\n")
-
-
-if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:] != ["--write"]:
-        sys.exit("usage: python tests/test_dvc_deps.py --write   (rewrites dvc.yaml's code deps)")
-    write_code_deps()
-
-
 def test_a_variant_cell_depends_on_its_initializer_file_and_its_options_are_in_its_command(tmp_path):
     # grid.variants (a list of dicts: DVC numbers the matrix keys) in a copy of dvc.yaml
     from dvc.repo import Repo
@@ -300,34 +350,15 @@ def test_a_variant_cell_depends_on_its_initializer_file_and_its_options_are_in_i
     assert own == {"structinit/init/methods/__init__.py", "structinit/init/methods/impulse.py"}
 
 
-def test_dvc_yaml_is_the_templates_output_and_says_so():
-    text = (REPO / "dvc.yaml").read_text()
-    assert text == dvc_yaml.render((REPO / "dvc.template.yaml").read_text()), \
-        "dvc.yaml is stale: python -m structinit.pipeline.dvc_yaml --write"
-    assert text.startswith("# GENERATED from dvc.template.yaml")
-    assert not dvc_yaml.CODE.search(text) and dvc_yaml.CODE.search((REPO / "dvc.template.yaml").read_text())
-    r = subprocess.run([sys.executable, "-m", "structinit.pipeline.dvc_yaml"], cwd=REPO, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-
-
-def test_the_generator_fills_each_code_line_with_its_scripts_closure():
-    template = ("stages:\n  a:\n    cmd: python -m stages.check_params --out x\n    deps:\n      - CODE\n"
-                "      - data/x\n  b:\n    cmd: echo\n    deps:\n      - data/y\n")
-    text = dvc_yaml.render(template)
-    listed = [line.split("- ", 1)[1] for line in text.splitlines() if line.startswith("      - ")]
-    assert listed == sorted(import_closure("stages.check_params")) + ["data/x", "data/y"]
-    assert "stages/check_params.py" in listed and "structinit/pipeline/params.py" in listed
-    with pytest.raises(ValueError, match="stage 'c' has `- CODE` but no"):
-        dvc_yaml.render("stages:\n  c:\n    cmd: echo\n    deps:\n      - CODE\n")
-
-
 def test_the_gpu_datasets_stages_are_frozen_and_a_gpu_run_alone_unfreezes_them():
+    from tools.fashion_mnist import unfrozen_gpu
+
     text = (REPO / "dvc.yaml").read_text()
     stages = yaml.safe_load(text)["stages"]
     gpu = {name for name in stages if name.startswith("train_gpu_") or name.endswith("_gpu")}
     assert gpu == {"train_gpu_baseline", "train_gpu_impulse", "study_data_size_gpu", "analyze_gpu"}
     assert all(stages[name]["frozen"] is True for name in gpu)
-    unfrozen = yaml.safe_load(dvc_yaml.unfrozen_gpu(text))["stages"]
+    unfrozen = yaml.safe_load(unfrozen_gpu(text))["stages"]
     assert all(unfrozen[name]["frozen"] is False for name in gpu)
     # nothing else changes: the evidence stages stay frozen, the rest as they were
     assert {n: s for n, s in unfrozen.items() if n not in gpu} == {n: s for n, s in stages.items() if n not in gpu}
@@ -336,16 +367,17 @@ def test_the_gpu_datasets_stages_are_frozen_and_a_gpu_run_alone_unfreezes_them()
         assert all(not str(d).startswith(("data/", "artifacts/", "results/")) for d in stages[name]["deps"]), name
 
 
-def test_the_attention_report_depends_on_each_committed_gpu_analysis_and_nothing_before_one(tmp_path, monkeypatch):
-    """A dependency DVC cannot find fails its stage, so before any GPU dataset is analysed the
-    attention report depends on no GPU file (no placeholder either); once one is, on it."""
-    template = "stages:\n  r:\n    cmd: x\n    deps:\n      - a\n      - GPU_ANALYSES   # note\n      - b\n"
-    monkeypatch.setattr(dvc_yaml, "REPO", tmp_path)
-    assert yaml.safe_load(dvc_yaml.render(template))["stages"]["r"]["deps"] == ["a", "b"]
-    (tmp_path / "results/analysis_gpu").mkdir(parents=True)
-    (tmp_path / "results/analysis_gpu/fashion_mnist.pt").write_bytes(b"")
-    deps = yaml.safe_load(dvc_yaml.render(template))["stages"]["r"]["deps"]
-    assert deps == ["a", "results/analysis_gpu/fashion_mnist.pt", "b"]
+def test_the_attention_report_depends_on_the_gpu_analyses_folder_which_a_fresh_clone_has(stages):
+    """A dependency DVC cannot find fails its stage, so the folder of the GPU datasets' analyses
+    (analyze_gpu's outputs, committed) is in git before any GPU dataset is analysed, holding an
+    empty .gitkeep; once one is, its file changes the folder's hash and the report re-runs."""
+    deps = {d.def_path for d in stages["attention_report"].deps}
+    assert "results/analysis_gpu" in deps
+    tracked = subprocess.run(["git", "ls-files", "results/analysis_gpu"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert "results/analysis_gpu/.gitkeep" in tracked
+    assert all(f.endswith((".pt", "/.gitkeep")) for f in tracked), tracked
+    assert (REPO / "results/analysis_gpu/.gitkeep").read_bytes() == b""
 
 
 def test_no_stage_depends_on_a_hand_written_file(stages):

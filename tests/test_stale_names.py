@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 SKIP_DIRS = {".venv", ".git", ".cache", ".dvc", "data", "models", "logs", "artifacts", "node_modules"}
 SOURCES = sorted(p for d in ("structinit", "stages", "scale", "benchmarks", "tools")
                  for p in (REPO / d).rglob("*.py")) + [
-    REPO / "params.yaml", REPO / "pyproject.toml", REPO / "run.sh", REPO / "dvc.template.yaml",
+    REPO / "params.yaml", REPO / "pyproject.toml", REPO / "run.sh", REPO / "dvc.yaml",
     *sorted((REPO / "reports").rglob("*.md"))]
 # a file name: code, docs, config, data tables; not inside ${...} or {...} (shell and f-string
 # expressions such as {a.csv} or ${VAR-constraints.txt}, which name no file)
@@ -107,7 +107,7 @@ def test_the_names_the_issue_found_stale_are_caught():
     assert missing_file_names("the streamed trainer (stream_train.py)", rel, names) == ["stream_train.py"]
     assert missing_file_names("Loading the data is data.py's job", rel, names) == ["data.py"]
     assert missing_file_names("pinned in requirements.lock.txt (run.sh)", rel, names) == ["requirements.lock.txt"]
-    assert missing_file_names("see dvc.template.yaml and constraints.txt", rel, names) == []
+    assert missing_file_names("see dvc.template.yaml and constraints.txt", rel, names) == ["dvc.template.yaml"]
     assert stale_references('pin (README "What is reproducible").') == ['README "What is reproducible"']
     assert stale_references("see README 'What is reproducible'); comparing") == ['README "What is reproducible"']
     assert stale_references("streamed from local_datasets.imagenet (README: Scaling out)") == [

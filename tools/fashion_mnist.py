@@ -7,10 +7,10 @@
     python -m tools.fashion_mnist --budget            # the budget alone, at B and 2B
     python -m tools.fashion_mnist --tiny --out DIR    # the budget at toy sizes on the CPU: the suite's run
 
---grid lists fashion_mnist in params.yaml's GPU lists, unfreezes the GPU stages in dvc.yaml and runs `dvc repro` of
-each train_gpu_* stage (one cell, its seeds stacked), of analyze_gpu (the attention analysis, run where the weights
+--grid lists fashion_mnist in params.yaml's GPU lists, unfreezes the GPU stages in dvc.yaml and runs `dvc repro` of each
+train_gpu_* stage (one cell, its seeds stacked), of analyze_gpu (the attention analysis, run where the weights
 are, into the compact results/analysis_gpu/fashion_mnist.pt) and, unless --main-only, of the data-size study. It
-freezes dvc.yaml again, so a CPU's `dvc repro` reports the committed cells instead of training them, writes times,
+puts dvc.yaml back as it was, so a CPU's `dvc repro` reports the committed cells instead of training them, writes times,
 accuracies and card to benchmarks/ and prints what to commit. --root: another checkout (the suite's tiny copy).
 
 --budget trains every arm of the main grid at the recipe's budget B and at 2B, validated on 10,000 of the 60,000
@@ -30,7 +30,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -70,6 +69,18 @@ def machine(device: torch.device, root: Path = REPO) -> dict:
                            text=True).stdout.strip()
     return {"card": card, "device": device.type, "torch": torch.__version__,
             "commit": (head.stdout.strip() or "unknown") + (" (uncommitted changes)" if dirty else "")}
+
+
+# dvc.yaml's GPU stages are frozen by this line; DVC's freeze refuses matrix stages (and its unfreeze rewrites
+# the whole file), so a GPU's run switches the lines off for itself and puts the file back after
+GPU_FROZEN = "frozen: true         # GPU"
+
+
+def unfrozen_gpu(text: str) -> str:
+    """dvc.yaml's text with the GPU datasets' stages unfrozen."""
+    if GPU_FROZEN not in text:
+        raise ValueError(f"dvc.yaml has no `{GPU_FROZEN}` line: nothing to unfreeze")
+    return text.replace(GPU_FROZEN, "frozen: false        # GPU: unfrozen for a GPU's run")
 
 
 def tiny_data(spec, n_train: int, n_test: int):
@@ -249,8 +260,7 @@ def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) 
                          "days: the training stage says how long); STRUCTINIT_ALLOW_CPU=1 runs them anyway")
     info = machine(torch.device("cuda" if torch.cuda.is_available() else "cpu"), root)   # before any edit
     env = pipeline_env(root)
-    original = (root / "params.yaml").read_text()
-    yaml_cmd = [sys.executable, "-m", "structinit.pipeline.dvc_yaml", "--write"]
+    original, frozen_yaml = (root / "params.yaml").read_text(), (root / "dvc.yaml").read_text()
     code, seconds, stage_seconds, started, cells_of, finished = 1, {}, {}, {}, {}, False
     ends = None if timeout is None else time.monotonic() + timeout
     try:
@@ -265,7 +275,7 @@ def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) 
         if not main_only:
             groups["data-size study"] = [f"study_data_size_gpu@{DATASET}-{f}-{init}"
                                          for f in size["gpu"]["fractions"] for init in size["inits"]]
-        subprocess.run(yaml_cmd + ["--unfreeze-gpu"], cwd=root, env=env, check=True)
+        (root / "dvc.yaml").write_text(unfrozen_gpu(frozen_yaml))
         for group, targets in groups.items():
             t = time.perf_counter()
             for target in targets:
@@ -284,7 +294,7 @@ def run_grid(root: Path, timeout: float | None = None, main_only: bool = False) 
                 break
         finished = code == 0
     finally:
-        subprocess.run(yaml_cmd, cwd=root, env=env, check=False)         # frozen again, whatever happened
+        (root / "dvc.yaml").write_text(frozen_yaml)                      # frozen again, whatever happened
         if not finished:
             (root / "params.yaml").write_text(original)
             print("\nthe grid did not finish: params.yaml is as it was. A stage that ran and failed had its "

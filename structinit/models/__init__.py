@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import importlib
 
-# public name -> the module that defines it (structinit/pipeline/dvc_yaml.py reads this literal:
-# a stage that imports a name from here depends on its module)
+# public name -> the module that defines it (tests/test_dvc_deps.py reads this literal: a stage
+# that imports a name from here depends on its module)
 LAZY_EXPORTS: dict[str, str] = {
     "VIT_T2_CIFAR": "structinit.models.vit",
     "create_vit": "structinit.models.vit",

@@ -4,5 +4,4 @@
     cells.py    which cells params.yaml asks for, and their names
     build.py    a cell's model, initialized as its training stage starts it
     verify.py   ./run.sh verify: a re-run's bytes, or its conclusions, against the committed ones
-    dvc_yaml.py dvc.yaml from dvc.template.yaml: each stage's code deps, its script's imports
 """

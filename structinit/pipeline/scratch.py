@@ -146,13 +146,12 @@ def copy_working_tree(dest: Path, root: Path = REPO, skip: Iterable[str] = OUTPU
 def evidence_frozen(dest: Path, root: Path = REPO) -> None:
     """Put back, in a copy made while an evidence stage runs in `root` (`dvc unfreeze <stage> &&
     dvc repro -f -s <stage>`: its dvc.yaml entry unfrozen there, its outputs removed by DVC), what
-    the copy's own `dvc repro` needs: dvc.yaml as generated from the template (every evidence
+    the copy's own `dvc repro` needs: dvc.yaml as root's HEAD commits it (every evidence
     stage frozen) and the frozen stages' committed outputs (root's HEAD) where the copy lacks
     them. Without it the copy's `dvc repro aggregate` ran the unfrozen stage again, inside itself
     (the replication stage did, and failed, an hour in)."""
-    from structinit.pipeline.dvc_yaml import TARGET, TEMPLATE, render
-
-    (dest / TARGET).write_text(render((dest / TEMPLATE).read_text()))
+    (dest / "dvc.yaml").write_bytes(subprocess.run(["git", "-C", str(root), "show", "HEAD:dvc.yaml"],
+                                                   capture_output=True, check=True).stdout)
     for path in frozen_outputs(dest):
         if not (dest / path).exists():
             archive = subprocess.run(["git", "-C", str(root), "archive", "HEAD", "--", path], capture_output=True,
