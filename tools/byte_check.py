@@ -24,6 +24,8 @@ from pathlib import Path
 import yaml
 
 from structinit.pipeline import scratch
+from structinit.pipeline.load import load_params
+from tools.output_diff import output_hashes
 from tools.quick import quick_params
 
 EPOCHS, SEEDS, ARMS = 4, [0, 1], ["trunc_normal", "impulse3"]
@@ -52,14 +54,13 @@ def stages_writing(repo: Path, env: dict, outputs=OUTPUTS) -> dict[str, str]:
 
 def hashes(repo: Path) -> dict[str, str]:
     """{output path: md5} from the copy's dvc.lock."""
-    stages = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
-    return {o["path"]: o.get("md5") for s in stages.values() for o in s.get("outs", [])}
+    return output_hashes((repo / "dvc.lock").read_text())
 
 
 def prepare(repo: Path, root: Path) -> dict:
     """A copy of `root`'s working tree at the short budget, committed; its environment."""
     scratch.copy_working_tree(repo, root=root)
-    params = quick_params(yaml.safe_load((repo / "params.yaml").read_text()), EPOCHS, SEEDS, ARMS)
+    params = quick_params(load_params(repo / "params.yaml"), EPOCHS, SEEDS, ARMS)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = scratch.pipeline_env(repo, "byte-check")
     scratch.commit(repo, "byte check", env)
