@@ -354,7 +354,8 @@ def _kernel_free_initializers() -> list[str]:
     from the file, pipeline/initializers.py), and any registered in this process (a notebook's, a test's)."""
     names = {name: (declared(name) or _registry_entry(name)).takes_kernel for name in method_names()}
     if (registry := sys.modules.get("structinit.init.registry")) is not None:   # imported: its registrations count
-        names.update({name: init.takes_kernel for name, init in registry._REGISTERED.items()})
+        names.update({name: registry.INITIALIZERS[name].takes_kernel      # registered already: loads no file
+                      for name in registry.available() if name not in names})
     return [name for name, takes_kernel in sorted(names.items()) if not takes_kernel]
 
 
