@@ -52,11 +52,6 @@ def stages_writing(repo: Path, env: dict, outputs=OUTPUTS) -> dict[str, str]:
     return found
 
 
-def hashes(repo: Path) -> dict[str, str]:
-    """{output path: md5} from the copy's dvc.lock."""
-    return output_hashes((repo / "dvc.lock").read_text())
-
-
 def prepare(repo: Path, root: Path) -> dict:
     """A copy of `root`'s working tree at the short budget, committed; its environment."""
     scratch.copy_working_tree(repo, root=root)
@@ -95,7 +90,7 @@ def check(rev: str, root: Path = scratch.REPO, keep: bool = False) -> int:
             writers = stages_writing(repo, env)
             t = time.monotonic()
             repro(repo, env, list(dict.fromkeys(writers.values())), s.root / f"{repo.name}.log")
-            got[side] = hashes(repo)
+            got[side] = output_hashes((repo / "dvc.lock").read_text())
             print(f"{side}: trained in {time.monotonic() - t:.0f} s", flush=True)
         # the working tree's Imp.-3 cell again: cut at half its first run's time, then resumed
         env = dict(env, **{CHECKPOINT_SECONDS_VAR: "0"})          # a checkpoint every epoch: there is one to resume
@@ -105,7 +100,7 @@ def check(rev: str, root: Path = scratch.REPO, keep: bool = False) -> int:
         cut = repro(repo, env, ["-f", "-s", writers[RESUMED]], s.root / "cut.log", timeout=CUT * whole)
         kept = sorted((repo / ".ckpt").rglob("*.pt"))
         repro(repo, env, ["-s", writers[RESUMED]], s.root / "resumed.log")
-        resumed = hashes(repo)[RESUMED]
+        resumed = output_hashes((repo / "dvc.lock").read_text())[RESUMED]
         print(f"cut at {CUT * whole:.0f} s of {whole:.0f} (dvc exit {cut}); "
               + (f"resumed from its checkpoint ({kept[0].name})" if kept else
                  "no checkpoint was written before the cut: the resume trained afresh"), flush=True)

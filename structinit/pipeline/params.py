@@ -351,7 +351,8 @@ class ParamsSchema(_Section):
 
 def _kernel_free_initializers() -> list[str]:
     """The initializers a grid lists by name: each init/methods/ file whose registration takes no kernel (read
-    from the file, pipeline/initializers.py), and any registered in this process (a notebook's, a test's)."""
+    from the file, pipeline/initializers.py), and any registered in this process under a name no method file
+    has (a notebook's, a test's): the registry tells no more without loading the files, which imports torch."""
     names = {name: (declared(name) or _registry_entry(name)).takes_kernel for name in method_names()}
     if (registry := sys.modules.get("structinit.init.registry")) is not None:   # imported: its registrations count
         names.update({name: registry.INITIALIZERS[name].takes_kernel      # registered already: loads no file
