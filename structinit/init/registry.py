@@ -52,7 +52,7 @@ _REGISTERED: dict[str, Initializer] = {}      # those registered so far (method 
 class _Registry(MutableMapping):
     """INITIALIZERS: every initializer by name, the method files' included, without the caller
     importing anything first. A lookup (`name in`, `[name]`) loads that method's file alone, so
-    that a cell's code is its own initializer's file and no other's (common.code_fingerprint);
+    that a cell's code is its own initializer's file and no other's (checkpoint.code_fingerprint);
     a listing (iterating, len) loads every method file."""
     def __getitem__(self, name) -> Initializer:
         _load(name)

@@ -43,7 +43,7 @@ def checkpoint_fingerprint(cfg: TrainConfig, dtype: str, extra: dict | None) -> 
 
 def code_fingerprint(packages: tuple[str, ...] = ("structinit", "stages")) -> str:
     """SHA-256 (16 hex digits) of the sources of the loaded modules of `packages`, by name. Called once a cell's models
-    are built, that is the stage's import closure (dvc.yaml's code deps) plus the initializer's file, imported by name.
+    are built, that is every module the stage imported plus the initializer's file, imported by name.
     In the fingerprint it makes a cell whose code changed start afresh, not resume epochs that other code trained while
     dvc.lock records the new code's hash."""
     import hashlib

@@ -56,7 +56,7 @@ def train_models(models: list[torch.nn.Module], data: ImageData, cfgs: list[Trai
     """Train models of one architecture in place, stacked, or one after another (a call each) where
     memory.plan_stacking says so; returns each model's epoch metrics.
 
-    cfgs: one per model, equal but for `seed`. dtype: "bf16" or "fp32", as common.compute_dtype decides (None: here).
+    cfgs: one per model, equal but for `seed`. dtype: "bf16" or "fp32", as stacked.compute_dtype decides (None: here).
     checkpoint_path: every model's weights, optimizer state and history in one file (one after another: one file
     each, checkpoint-model<i>.pt), resumed when every fingerprint (config + `fingerprints[i]`, e.g. the init)
     matches; a mismatch is overwritten, a damaged file moved aside and all start afresh. on_epoch_end(i, metrics)
