@@ -52,13 +52,6 @@ def _drop(dotted: str):
     return mutate
 
 
-def _also(*mutations):
-    def mutate(p):
-        for m in mutations:
-            m(p)
-    return mutate
-
-
 # (id, mutation of the default params, fragments the one-line error must contain)
 BAD = [
     ("unknown top-level key", _set("trian", {}), ["trian = {}: unknown key", "grid"]),
@@ -97,6 +90,10 @@ BAD = [
      ["contrasts.speed.fraction = 0", "greater than 0"]),
     ("speed endpoint past the budget", _set("contrasts.speed.fraction", 1.5),
      ["contrasts.speed.fraction = 1.5", "less than or equal to 1"]),
+    ("main contrast names the bare structured init", _set("contrasts.primary", "impulse vs trunc_normal"),
+     ["contrasts.primary", "'impulse' is not an initializer", "impulse<k>"]),
+    ("main contrast names an arm the grid lacks", _set("contrasts.secondary", ["xavier vs trunc_normal"]),
+     ["contrasts.secondary[0]", "'xavier' is not an initializer"]),
     ("speed endpoint pair malformed", _set("contrasts.speed.primary", "ours versus trunc_normal"),
      ["contrasts.speed.primary", "'<arm> vs <arm>'"]),
     ("even kernel", _set("grid.kernels", [3, 4]), ["grid.kernels[1] = 4", "odd"]),
@@ -105,19 +102,19 @@ BAD = [
      _set("recipes.digits.model.patch_size", 2), ["grid.kernels[1] = 5", "4x4 patch grid"]),
     ("patch size not dividing the image", _set("recipes.digits.model.patch_size", 3), ["recipes.digits.model.patch_size = 3", "image size 8"]),
     ("heads not dividing width", _set("recipes.digits.model.num_heads", 5), ["recipes.digits.model.num_heads = 5", "divide embed_dim 48"]),
-    ("width not a multiple of 4", _also(_set("recipes.digits.model.embed_dim", 54), _set("recipes.digits.model.num_heads", 3)),
+    ("width not a multiple of 4", _all(_set("recipes.digits.model.embed_dim", 54), _set("recipes.digits.model.num_heads", 3)),
      ["recipes.digits.model.embed_dim = 54", "multiple of 4"]),
     ("a study shape's heads not dividing width",   # checked where the study runs: switch it on
-     _also(_set("studies.heads_width.datasets", ["digits"]), _set("model_shapes.h6.num_heads", 5)),
+     _all(_set("studies.heads_width.datasets", ["digits"]), _set("model_shapes.h6.num_heads", 5)),
      ["model_shapes.h6.num_heads = 5", "digits with shape h6"]),
     ("dataset without a recipe", _drop("recipes.digits"), ["grid.datasets = 'digits'", "has no recipe"]),
-    ("study's pseudo-input kernel too big", _also(_set("studies.pseudo_input.datasets", ["digits"]),
+    ("study's pseudo-input kernel too big", _all(_set("studies.pseudo_input.datasets", ["digits"]),
                                                   _set("studies.pseudo_input.kernel", 9), _set("grid.kernels", [3, 5])),
      ["studies.pseudo_input.kernel = 9", "8x8 patch grid"]),
     ("bad pseudo-input variant", _set("studies.pseudo_input.variants", ["UU", "XQ"]), ["studies.pseudo_input.variants", "'XQ'", "e.g. 'UP'"]),
     ("pseudo-input study seeds not in the grid", _set("studies.pseudo_input.seeds", [0, 7]),
      ["studies.pseudo_input.seeds = [7]", "subset of grid.seeds", "reuses the main grid"]),
-    ("pseudo-input study kernel not in the grid", _also(_set("studies.pseudo_input.kernel", 7), _set("grid.kernels", [3, 5])),
+    ("pseudo-input study kernel not in the grid", _all(_set("studies.pseudo_input.kernel", 7), _set("grid.kernels", [3, 5])),
      ["studies.pseudo_input.kernel = 7", "grid.kernels"]),
     ("heads/width study seeds not in the grid", _set("studies.heads_width.seeds", [9]), ["studies.heads_width.seeds = [9]", "subset of grid.seeds"]),
     ("heads/width study dataset not in the grid", _set("studies.heads_width.datasets", ["cifar10"]),
@@ -134,7 +131,7 @@ BAD = [
     ("ConvMixer study dataset not in the grid", _set("studies.convmixer.datasets", ["cifar10"]),
      ["studies.convmixer.datasets = ['cifar10']", "subset of grid.datasets", "only grid.datasets are downloaded"]),
     ("pseudo-input study dataset not in the grid, its main variant run by the study itself",
-     _also(_set("studies.pseudo_input.variants", ["PP", "UU"]), _set("studies.pseudo_input.datasets", ["svhn"])),
+     _all(_set("studies.pseudo_input.variants", ["PP", "UU"]), _set("studies.pseudo_input.datasets", ["svhn"])),
      ["studies.pseudo_input.datasets = ['svhn']", "only grid.datasets are downloaded"]),
     ("data-size init not an initializer", _set("studies.data_size.inits", ["xavier"]), ["studies.data_size.inits", "'xavier'", "impulse<k>"]),
     ("data-size init not in the main grid", _set("studies.data_size.inits", ["trunc_normal", "impulse7"]),
@@ -205,6 +202,15 @@ def test_the_default_and_a_reused_main_variant_are_valid():
     p = copy.deepcopy(DEFAULT)
     p["studies"]["pseudo_input"]["variants"] = ["PP", "UU"]
     p["studies"]["pseudo_input"]["seeds"] = [0, 7]
+    validate_params(p)
+
+
+def test_a_variant_is_an_arm_of_the_main_contrasts():
+    p = copy.deepcopy(DEFAULT)
+    p["contrasts"]["secondary"] = ["mimetic_a05 vs mimetic"]
+    with pytest.raises(ParamsError, match=r"'mimetic_a05' is not an initializer"):
+        validate_params(p)
+    p["grid"]["variants"] = [{"name": "mimetic_a05", "init": "mimetic", "options": {"alpha": 0.5}}]
     validate_params(p)
 
 

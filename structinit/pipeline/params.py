@@ -204,12 +204,9 @@ class VitModel(_Section):                # create_vit's shape arguments
     mlp_ratio: PosFloat = 4.0
 
 
-class ShapeOverride(_Section):           # a partial VitModel
-    patch_size: Optional[PosInt] = None
-    embed_dim: Optional[PosInt] = None
-    depth: Optional[PosInt] = None
-    num_heads: Optional[PosInt] = None
-    mlp_ratio: Optional[PosFloat] = None
+# a partial VitModel: any of its keys, typed as there
+ShapeOverride = create_model("ShapeOverride", __base__=_Section, **{
+    name: (Optional[Annotated[(f.annotation, *f.metadata)]], None) for name, f in VitModel.model_fields.items()})
 
 
 class _TrainBase(_Section):
@@ -407,12 +404,13 @@ def _cross_field_problems(p: ParamsSchema, root: str | Path = ".") -> list[tuple
         out.append(("init.kernel", p.init.kernel, f"must be one of grid.kernels {g.kernels} "
                     "(it picks the main table's headline row)"))
     kernel_free = _kernel_free_initializers()
+    arms = kernel_free + [v.name for v in g.variants]       # a variant is a main-table arm of its own
     for where, text in [("contrasts.primary", p.contrasts.primary),
                         *((f"contrasts.secondary[{i}]", t) for i, t in enumerate(p.contrasts.secondary))]:
         for arm in parse_contrast(text):
-            if arm != "ours" and impulse_kernel(arm) is None and arm not in kernel_free:
+            if arm != "ours" and impulse_kernel(arm) is None and arm not in arms:
                 out.append((where, text, f"{arm!r} is not an initializer; allowed: ours (the headline "
-                            f"impulse<init.kernel>), {kernel_free} or {IMPULSE}<k>. A contrast whose arms are "
+                            f"impulse<init.kernel>), {arms} or {IMPULSE}<k>. A contrast whose arms are "
                             "not in the grid is reported as not run"))
     if not g.datasets and not g.streamed_datasets:
         out.append(("grid.datasets", g.datasets, "the grid needs a dataset (here or in grid.streamed_datasets)"))
